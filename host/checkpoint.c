@@ -1,0 +1,2 @@
+/* checkpoint.c — placeholder until its implementation lands. */
+#include "errors.h"

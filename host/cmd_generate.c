@@ -1,0 +1,2 @@
+/* cmd_generate.c — placeholder. */
+#include "errors.h"

@@ -1,0 +1,2 @@
+/* cmd_plugins.c — placeholder. */
+#include "errors.h"

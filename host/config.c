@@ -1,0 +1,2 @@
+/* config.c — placeholder until its implementation lands. */
+#include "errors.h"

@@ -1,0 +1,2 @@
+/* host_services.c — placeholder until its implementation lands. */
+#include "errors.h"

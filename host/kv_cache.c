@@ -1,0 +1,2 @@
+/* kv_cache.c — placeholder until its implementation lands. */
+#include "errors.h"

@@ -1,0 +1,2 @@
+/* registry.c — placeholder until its implementation lands. */
+#include "errors.h"

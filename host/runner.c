@@ -1,0 +1,2 @@
+/* runner.c — placeholder until its implementation lands. */
+#include "errors.h"

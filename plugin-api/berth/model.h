@@ -1,0 +1,179 @@
+/*
+ * berth/model.h — the model-architecture plugin kind.
+ *
+ * A model plugin turns a Hugging Face checkpoint (config.json + safetensors, opened and validated by the host)
+ * into forward steps expressed as backend ops. It never owns request state: the host's scheduler and paged KV
+ * cache decide which sequences run, where their KV pages and recurrent-state slots are, and which rows need
+ * logits. The plugin declares what per-sequence memory it needs (berth_memory_layout) and the host manages it.
+ *
+ * Life cycle, all on one host thread:
+ *   accept()        -> does this plugin handle the checkpoint? (BERTH_OK or BERTH_E_UNSUPPORTED + reason)
+ *   create()        -> parse and validate config.json; no weights touched, no backend yet
+ *   info(), memory_layout(), requirements()  -> the host sizes pools and picks a backend that supports every op
+ *   load()          -> bind weights on the chosen backend (host->tensor_load), allocate scratch
+ *   forward()*      -> one step over a batch mixing prefill chunks and decode tokens
+ *   encode()*       -> encoder pass (encoder-decoder models only)
+ *   destroy()
+ */
+#ifndef BERTH_MODEL_H
+#define BERTH_MODEL_H
+
+#include "backend.h"
+#include "plugin.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct berth_model berth_model; /* plugin-owned */
+
+/* Static facts about the loaded model. Out-struct: caller sets struct_size. */
+typedef struct berth_model_info {
+    uint32_t struct_size;
+    int32_t vocab_size;     /* rows of the logits */
+    int32_t n_layers;
+    int32_t hidden_size;
+    int32_t max_positions;  /* context limit (max_position_embeddings) */
+    int32_t bos_id;         /* -1 if none */
+    int32_t n_eos;          /* number of valid entries in eos_ids */
+    int32_t eos_ids[8];
+    int32_t is_encoder_decoder;
+    int32_t decoder_start_id; /* -1 unless encoder-decoder */
+    char arch[64];          /* "gemma4_text" */
+} berth_model_info;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Per-sequence memory the host manages for the model. */
+#define BERTH_KV_FULL 0    /* causal attention over all positions */
+#define BERTH_KV_SLIDING 1 /* causal attention over the last `window` positions; older blocks may be released */
+#define BERTH_KV_CROSS 2   /* written once by encode(), read non-causally by decoder steps (length = encoder input) */
+#define BERTH_KV_ENCODER 3 /* encoder self-attention, non-causal, only alive during encode() */
+
+/* One page group: layers whose caches share a block table (same kind, window and geometry). Layers that read
+ * another layer's cache (KV sharing) are not counted here: they store nothing. */
+typedef struct berth_kv_group_desc {
+    uint32_t struct_size;
+    int32_t kind;       /* BERTH_KV_* */
+    int32_t window;     /* BERTH_KV_SLIDING: keys visible to a query, including itself; else 0 */
+    int32_t n_layers;   /* caches stored in this group (one per non-shared layer) */
+    int32_t n_kv_heads;
+    int32_t head_dim;   /* K */
+    int32_t head_dim_v; /* V */
+    char name[32];      /* "sliding", "full" — for stats and messages */
+} berth_kv_group_desc;
+
+/* One per-sequence recurrent state tensor (e.g. GDN conv state, GDN delta state of one layer group). The host
+ * allocates a pool with ne = {shape..., n_slots} (slot outermost), zeroes a slot when a sequence starts, and
+ * may snapshot/restore slots with buffer_copy for prefix caching. */
+typedef struct berth_state_desc {
+    uint32_t struct_size;
+    berth_dtype dtype;
+    int32_t ndim;        /* dims of one slot, 1..3 */
+    int32_t reserved0;
+    int64_t ne[3];       /* ggml order */
+    char name[32];
+} berth_state_desc;
+
+/* Out-struct (caller sets struct_size); arrays are plugin-owned, valid until destroy. */
+typedef struct berth_memory_layout {
+    uint32_t struct_size;
+    int32_t n_kv_groups;
+    const berth_kv_group_desc *const *kv_groups;
+    int32_t n_states;
+    int32_t reserved0;
+    const berth_state_desc *const *states;
+} berth_memory_layout;
+
+/* One op the model will run, with the exact parameters that matter for support (tensors' buf NULL, dtypes and
+ * shapes set). The host passes each to the backend's supports(). */
+typedef struct berth_requirement {
+    uint32_t struct_size;
+    int32_t op;          /* BERTH_OP_* */
+    const void *params;  /* the op's params struct */
+    const char *what;    /* "attention (head_dim 512, window 0)" — for messages */
+} berth_requirement;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Loading. */
+typedef struct berth_load_params {
+    uint32_t struct_size;
+    int32_t max_batch_tokens; /* most tokens in one forward() (sizes the scratch) */
+    int32_t max_seqs;         /* most sequences in one forward() */
+    berth_dtype act_dtype;    /* activation dtype the host asks for (F32 unless the backend offers others) */
+    berth_dtype kv_dtype;     /* element type of the KV pools the host will pass */
+    const berth_checkpoint *checkpoint; /* open until destroy */
+} berth_load_params;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * A forward step. Tensors live in backend buffers (the host uploads metadata each step); the h_* arrays are host
+ * copies of the same values for plugins that need them to plan work. All valid for the call only. */
+typedef struct berth_kv_group_batch {
+    berth_kv_view pool;       /* layer 0 of the group; layer l adds l * layer_stride to k_offset and v_offset */
+    uint64_t layer_stride;
+    berth_tensor block_table; /* ne {max_blocks, n_seqs} i32 */
+    berth_tensor slots;       /* ne {n_tokens} i32: where each new token's K/V goes (negative: not stored) */
+} berth_kv_group_batch;
+
+typedef struct berth_state_batch {
+    berth_tensor pool;        /* ne {shape..., n_slots} */
+} berth_state_batch;
+
+typedef struct berth_batch {
+    uint32_t struct_size;
+    int32_t n_tokens;
+    int32_t n_seqs;
+    int32_t n_logits;        /* rows that need logits */
+    int32_t max_q_len;       /* max over sequences of new tokens */
+    int32_t max_kv_len;      /* max over sequences of seq_kv_len */
+    berth_tensor tokens;      /* ne {n_tokens} i32, sequences back to back */
+    berth_tensor positions;   /* ne {n_tokens} i32, absolute positions */
+    berth_tensor seq_q_start; /* ne {n_seqs+1} i32 */
+    berth_tensor seq_kv_len;  /* ne {n_seqs} i32: keys per sequence after this step */
+    berth_tensor logit_rows;  /* ne {n_logits} i32: token indices whose logits are wanted, ascending */
+    berth_tensor state_slots; /* ne {n_seqs} i32, or absent when the model has no states */
+    const int32_t *h_tokens, *h_positions, *h_seq_q_start, *h_seq_kv_len, *h_logit_rows;
+    int32_t n_kv_groups;      /* = memory_layout.n_kv_groups */
+    int32_t n_states;
+    const berth_kv_group_batch *kv;    /* [n_kv_groups] */
+    const berth_state_batch *states;   /* [n_states] */
+    berth_tensor logits;      /* out: ne {vocab, n_logits} f32, host-allocated */
+    /* ABI 0.1: fields above. Append below only. */
+} berth_batch;
+
+/* Named counters a plugin keeps (tokens prefilled, decode steps, ...), for tests and --stats. */
+typedef struct berth_counter {
+    const char *name; /* static */
+    int64_t value;
+} berth_counter;
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * The model function table (descriptor->vtable for kind BERTH_PLUGIN_MODEL). */
+typedef struct berth_model_vtable {
+    uint32_t struct_size;
+    /* NULL-terminated list of config.json model_type values this plugin handles; static. */
+    const char *const *model_types;
+    /* (required) BERTH_OK if this plugin will run the checkpoint; BERTH_E_UNSUPPORTED with a reason otherwise. */
+    berth_status (*accept)(const berth_host *host, const berth_checkpoint *ck);
+    /* (required) Parse and validate config.json. host stays valid until destroy. */
+    berth_status (*create)(const berth_host *host, const berth_checkpoint *ck, berth_model **out);
+    void (*destroy)(berth_model *m); /* (required) accepts NULL */
+    berth_status (*info)(const berth_model *m, berth_model_info *out);                /* (required) */
+    berth_status (*memory_layout)(const berth_model *m, berth_memory_layout *out);   /* (required) */
+    /* (required) Ops the model will run; array plugin-owned, valid until destroy. */
+    berth_status (*requirements)(const berth_model *m, const berth_requirement **out, int32_t *n);
+    /* (required) Bind weights and allocate scratch on the backend. Called once. */
+    berth_status (*load)(berth_model *m, const berth_backend_api *be, const berth_load_params *lp);
+    /* (required) One step on stream s. Writes batch->logits; appends new K/V; updates states. */
+    berth_status (*forward)(berth_model *m, berth_stream *s, const berth_batch *batch);
+    /* (optional) Encoder pass for encoder-decoder models: batch->tokens are encoder inputs; fills the CROSS
+     * groups' pages of each sequence. */
+    berth_status (*encode)(berth_model *m, berth_stream *s, const berth_batch *batch);
+    /* (optional) Copy up to cap counters into out; *n = how many exist. */
+    berth_status (*counters)(const berth_model *m, berth_counter *out, int32_t cap, int32_t *n);
+    /* ABI 0.1: fields above. Append below only. */
+} berth_model_vtable;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* BERTH_MODEL_H */
