@@ -3,15 +3,19 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 static _Thread_local char last_error[1024];
 
 berth_status berth_fail(berth_status code, const char *fmt, ...)
 {
+    /* Format into a temporary first: arguments may point into last_error itself (re-wrapping a message). */
+    char tmp[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(last_error, tmp, sizeof last_error);
     return code;
 }
 

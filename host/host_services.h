@@ -20,7 +20,7 @@ struct berth_host_ctx {
 /* Fill *host for a plugin named name reading section (may be NULL). ctx must outlive host. */
 void host_services_init(berth_host *host, berth_host_ctx *ctx, const char *name, const struct cfg_section *section);
 
-/* Minimum level printed by the host logger (BERTH_LOG_*); default BERTH_LOG_WARN, BERTH_LOG_DEBUG with -v. */
+/* Minimum level printed by the host logger (BERTH_LOG_*); default BERTH_LOG_WARN; -v = INFO, -vv = DEBUG. */
 void host_log_set_level(int32_t level);
 /* Log a line from the host itself (stderr, tagged "berth:"). */
 void host_log(int32_t level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -1,2 +1,670 @@
-/* runner.c — placeholder until its implementation lands. */
+/* runner.c — loads a model plugin on a backend and runs batched forward steps over the paged KV cache (see
+ * runner.h). */
+#include "runner.h"
+
 #include "errors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Cap on the logits buffer when all prompt rows are wanted: prefill chunks shrink so [rows x vocab] f32 stays
+ * under it (a 262144-entry vocabulary gives 256-row chunks). */
+#define LOGITS_BUDGET_BYTES (256ull << 20)
+#define META_ALIGN 256u
+
+struct runner {
+    struct runner_config cfg;
+    const berth_backend_api *be;
+    berth_model_info info;
+    berth_memory_layout layout;
+    struct kv_cache *kv;
+    berth_stream *stream;
+    int32_t max_tokens;
+    int32_t max_seqs;
+    int32_t table_cap;        /* block-table entries per sequence (max blocks per sequence) */
+
+    /* One metadata buffer, carved into sections (offsets below); host staging copies beside it. */
+    berth_buffer *meta;
+    uint64_t off_tokens, off_positions, off_q_start, off_kv_len, off_logit_rows, off_state_slots, off_ids;
+    uint64_t *off_table, *off_slots; /* per KV group */
+    int32_t *h_tokens, *h_positions, *h_q_start, *h_kv_len, *h_logit_rows, *h_state_slots, *h_table, *h_slots;
+    struct kv_seq_span *spans;
+    berth_kv_group_batch *gb;
+
+    /* Recurrent-state pools: one buffer per state, max_seqs slots (slot = sequence id). */
+    berth_buffer **state_pools;
+    uint64_t *state_slot_bytes;
+    berth_state_batch *sb;
+
+    berth_buffer *logits;
+    int32_t logits_rows;      /* rows the logits buffer holds */
+    int32_t logits_rows_max;  /* LOGITS_BUDGET_BYTES / row, at least 1, at most max_tokens */
+    int32_t n_logits;         /* rows the last step produced */
+    int loaded;
+
+    struct runner_stats stats;
+};
+
+static double now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int32_t dtype_size(berth_dtype t)
+{
+    switch (t) {
+    case BERTH_DTYPE_F32:
+    case BERTH_DTYPE_I32: return 4;
+    case BERTH_DTYPE_F16:
+    case BERTH_DTYPE_BF16: return 2;
+    case BERTH_DTYPE_I64: return 8;
+    case BERTH_DTYPE_U8: return 1;
+    default: return 0;
+    }
+}
+
+/* A packed tensor of up to 4 dims (ne beyond n_dims = 1) at buf + offset. */
+static berth_tensor tensor_at(berth_buffer *buf, uint64_t offset, berth_dtype dt, int32_t n_dims, const int64_t *ne)
+{
+    berth_tensor t;
+    memset(&t, 0, sizeof t);
+    t.buf = buf;
+    t.offset = offset;
+    t.dtype = dt;
+    t.ndim = n_dims;
+    for (int i = 0; i < 4; i++) t.ne[i] = i < n_dims ? ne[i] : 1;
+    t.nb[0] = dtype_size(dt);
+    for (int i = 1; i < 4; i++) t.nb[i] = t.nb[i - 1] * t.ne[i - 1];
+    return t;
+}
+
+static berth_tensor tensor_1d(berth_buffer *buf, uint64_t offset, berth_dtype dt, int64_t n)
+{
+    int64_t ne[1] = {n};
+    return tensor_at(buf, offset, dt, 1, ne);
+}
+
+static berth_tensor tensor_2d(berth_buffer *buf, uint64_t offset, berth_dtype dt, int64_t n0, int64_t n1)
+{
+    int64_t ne[2] = {n0, n1};
+    return tensor_at(buf, offset, dt, 2, ne);
+}
+
+/* Keep the backend's message but say which step failed. */
+static berth_status fail_with_backend(berth_status st, const char *what)
+{
+    char inner[768];
+    snprintf(inner, sizeof inner, "%s", berth_last_error());
+    return berth_fail(st, "%s: %s", what, inner[0] ? inner : berth_status_str(st));
+}
+
+static berth_status alloc_logits(struct runner *r, int32_t rows)
+{
+    if (rows <= r->logits_rows) return BERTH_OK;
+    if (r->logits) {
+        /* Nothing may still read the old buffer. */
+        berth_status st = r->be->vt->stream_sync(r->be->be, r->stream);
+        if (st) return fail_with_backend(st, "stream sync");
+        r->be->vt->buffer_free(r->be->be, r->logits);
+        r->logits = NULL;
+        r->logits_rows = 0;
+    }
+    uint64_t bytes = (uint64_t)rows * (uint64_t)r->info.vocab_size * sizeof(float);
+    berth_status st = r->be->vt->buffer_alloc(r->be->be, bytes, BERTH_USAGE_ACTIVATIONS, &r->logits);
+    if (st) {
+        r->logits = NULL;
+        char what[128];
+        snprintf(what, sizeof what, "cannot allocate the logits buffer (%llu bytes)", (unsigned long long)bytes);
+        return fail_with_backend(st, what);
+    }
+    r->logits_rows = rows;
+    return BERTH_OK;
+}
+
+static uint64_t align_up(uint64_t x) { return (x + META_ALIGN - 1) / META_ALIGN * META_ALIGN; }
+
+static berth_status alloc_meta(struct runner *r)
+{
+    int32_t ng = r->layout.n_kv_groups;
+    uint64_t T = (uint64_t)r->max_tokens, S = (uint64_t)r->max_seqs;
+    uint64_t table = S * (uint64_t)r->table_cap;
+    uint64_t off = 0;
+    r->off_tokens = off, off = align_up(off + T * 4);
+    r->off_positions = off, off = align_up(off + T * 4);
+    r->off_q_start = off, off = align_up(off + (S + 1) * 4);
+    r->off_kv_len = off, off = align_up(off + S * 4);
+    r->off_logit_rows = off, off = align_up(off + T * 4);
+    r->off_state_slots = off, off = align_up(off + S * 4);
+    r->off_ids = off, off = align_up(off + S * 4);
+    r->off_table = calloc((size_t)(ng ? ng : 1), sizeof *r->off_table);
+    r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
+    r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
+    if (!r->off_table || !r->off_slots || !r->gb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    for (int32_t g = 0; g < ng; g++) {
+        r->off_table[g] = off, off = align_up(off + table * 4);
+        r->off_slots[g] = off, off = align_up(off + T * 4);
+    }
+    r->h_tokens = malloc(T * 4);
+    r->h_positions = malloc(T * 4);
+    r->h_q_start = malloc((S + 1) * 4);
+    r->h_kv_len = malloc(S * 4);
+    r->h_logit_rows = malloc(T * 4);
+    r->h_state_slots = malloc(S * 4);
+    r->h_table = malloc((table ? table : 1) * 4);
+    r->h_slots = malloc(T * 4);
+    r->spans = malloc(S * sizeof *r->spans);
+    if (!r->h_tokens || !r->h_positions || !r->h_q_start || !r->h_kv_len || !r->h_logit_rows || !r->h_state_slots ||
+        !r->h_table || !r->h_slots || !r->spans)
+        return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    berth_status st = r->be->vt->buffer_alloc(r->be->be, off, BERTH_USAGE_ACTIVATIONS, &r->meta);
+    if (st) {
+        r->meta = NULL;
+        return fail_with_backend(st, "cannot allocate the step metadata buffer");
+    }
+    return BERTH_OK;
+}
+
+static berth_status alloc_states(struct runner *r)
+{
+    int32_t ns = r->layout.n_states;
+    if (ns <= 0) return BERTH_OK;
+    r->state_pools = calloc((size_t)ns, sizeof *r->state_pools);
+    r->state_slot_bytes = calloc((size_t)ns, sizeof *r->state_slot_bytes);
+    r->sb = calloc((size_t)ns, sizeof *r->sb);
+    if (!r->state_pools || !r->state_slot_bytes || !r->sb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    for (int32_t i = 0; i < ns; i++) {
+        const berth_state_desc *d = r->layout.states ? r->layout.states[i] : NULL;
+        if (!d || d->ndim < 1 || d->ndim > 3 || dtype_size(d->dtype) == 0)
+            return berth_fail(BERTH_E_INVALID, "memory layout: state %d has a bad shape or dtype", (int)i);
+        int64_t ne[4] = {1, 1, 1, 1};
+        uint64_t bytes = (uint64_t)dtype_size(d->dtype);
+        for (int j = 0; j < d->ndim; j++) {
+            if (d->ne[j] < 1) return berth_fail(BERTH_E_INVALID, "memory layout: state '%s' has ne[%d] = %lld",
+                                                d->name, j, (long long)d->ne[j]);
+            ne[j] = d->ne[j];
+            bytes *= (uint64_t)d->ne[j];
+        }
+        ne[d->ndim] = r->max_seqs;
+        r->state_slot_bytes[i] = bytes;
+        berth_status st = r->be->vt->buffer_alloc(r->be->be, bytes * (uint64_t)r->max_seqs, BERTH_USAGE_STATE,
+                                                  &r->state_pools[i]);
+        if (st) {
+            r->state_pools[i] = NULL;
+            char what[128];
+            snprintf(what, sizeof what, "cannot allocate the state pool '%.32s'", d->name);
+            return fail_with_backend(st, what);
+        }
+        r->sb[i].pool = tensor_at(r->state_pools[i], 0, d->dtype, d->ndim + 1, ne);
+    }
+    return BERTH_OK;
+}
+
+berth_status runner_create(const struct runner_config *cfg, struct runner **out)
+{
+    *out = NULL;
+    if (cfg->max_batch_tokens < 1)
+        return berth_fail(BERTH_E_INVALID, "[scheduler] max_batch_tokens = %d must be at least 1",
+                          (int)cfg->max_batch_tokens);
+    if (cfg->max_seqs < 1)
+        return berth_fail(BERTH_E_INVALID, "[scheduler] max_seqs = %d must be at least 1", (int)cfg->max_seqs);
+    struct runner *r = calloc(1, sizeof *r);
+    if (!r) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    r->cfg = *cfg;
+    r->be = cfg->be;
+    r->max_tokens = cfg->max_batch_tokens;
+    r->max_seqs = cfg->max_seqs;
+    const berth_model_vtable *mvt = cfg->mvt;
+    berth_status st;
+
+    r->info.struct_size = sizeof r->info;
+    st = mvt->info(cfg->model, &r->info);
+    if (st) goto fail;
+    if (r->info.vocab_size < 1 || r->info.max_positions < 1) {
+        st = berth_fail(BERTH_E_INVALID, "model reports vocab_size %d and max_positions %d",
+                        (int)r->info.vocab_size, (int)r->info.max_positions);
+        goto fail;
+    }
+    if (r->info.n_eos < 0 || r->info.n_eos > 8) r->info.n_eos = r->info.n_eos < 0 ? 0 : 8;
+    r->layout.struct_size = sizeof r->layout;
+    st = mvt->memory_layout(cfg->model, &r->layout);
+    if (st) goto fail;
+
+    berth_load_params lp;
+    memset(&lp, 0, sizeof lp);
+    lp.struct_size = sizeof lp;
+    lp.max_batch_tokens = r->max_tokens;
+    lp.max_seqs = r->max_seqs;
+    lp.act_dtype = BERTH_DTYPE_F32;
+    lp.kv_dtype = BERTH_DTYPE_F32;
+    lp.checkpoint = cfg->ck;
+    st = mvt->load(cfg->model, r->be, &lp);
+    if (st) goto fail;
+    r->loaded = 1;
+
+    struct kv_cache_params kp;
+    memset(&kp, 0, sizeof kp);
+    kp.block_size = cfg->kv_block_size;
+    kp.memory_bytes = cfg->kv_memory;
+    kp.max_seqs = r->max_seqs;
+    kp.max_seq_len = r->info.max_positions;
+    kp.max_chunk = r->max_tokens;
+    kp.dtype = BERTH_DTYPE_F32;
+    st = kv_cache_create(r->be, &r->layout, &kp, &r->kv);
+    if (st) goto fail;
+    r->table_cap = r->layout.n_kv_groups > 0 ? kv_max_blocks_per_seq(r->kv, 0) : 1;
+
+    st = r->be->vt->stream_create(r->be->be, &r->stream);
+    if (st) {
+        r->stream = NULL;
+        st = fail_with_backend(st, "cannot create a stream");
+        goto fail;
+    }
+    st = alloc_meta(r);
+    if (st) goto fail;
+    st = alloc_states(r);
+    if (st) goto fail;
+    uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
+    uint64_t max_rows = LOGITS_BUDGET_BYTES / row_bytes;
+    if (max_rows < 1) max_rows = 1;
+    if (max_rows > (uint64_t)r->max_tokens) max_rows = (uint64_t)r->max_tokens;
+    r->logits_rows_max = (int32_t)max_rows;
+    st = alloc_logits(r, r->max_seqs < r->logits_rows_max ? r->max_seqs : r->logits_rows_max);
+    if (st) goto fail;
+    *out = r;
+    return BERTH_OK;
+fail:
+    runner_free(r);
+    return st;
+}
+
+void runner_free(struct runner *r)
+{
+    if (!r) return;
+    const berth_backend_api *be = r->be;
+    if (r->stream) be->vt->stream_sync(be->be, r->stream);
+    if (r->logits) be->vt->buffer_free(be->be, r->logits);
+    if (r->meta) be->vt->buffer_free(be->be, r->meta);
+    if (r->state_pools)
+        for (int32_t i = 0; i < r->layout.n_states; i++)
+            if (r->state_pools[i]) be->vt->buffer_free(be->be, r->state_pools[i]);
+    kv_cache_free(r->kv);
+    if (r->stream) be->vt->stream_destroy(be->be, r->stream);
+    free(r->state_pools);
+    free(r->state_slot_bytes);
+    free(r->sb);
+    free(r->off_table);
+    free(r->off_slots);
+    free(r->gb);
+    free(r->h_tokens);
+    free(r->h_positions);
+    free(r->h_q_start);
+    free(r->h_kv_len);
+    free(r->h_logit_rows);
+    free(r->h_state_slots);
+    free(r->h_table);
+    free(r->h_slots);
+    free(r->spans);
+    free(r);
+}
+
+const berth_model_info *runner_info(const struct runner *r) { return &r->info; }
+struct kv_cache *runner_kv(struct runner *r) { return r->kv; }
+const struct runner_stats *runner_stats(const struct runner *r) { return &r->stats; }
+int32_t runner_n_logits(const struct runner *r) { return r->n_logits; }
+
+berth_status runner_model_counters(const struct runner *r, berth_counter *out, int32_t cap, int32_t *n)
+{
+    *n = 0;
+    const berth_model_vtable *mvt = r->cfg.mvt;
+    if (!BERTH_HAS(mvt, berth_model_vtable, counters) || !mvt->counters) return BERTH_OK;
+    return mvt->counters(r->cfg.model, out, cap, n);
+}
+
+berth_status runner_check_prompt(const berth_model_info *info, const char *model_dir, const int32_t *ids,
+                                 int32_t n, int32_t max_new)
+{
+    if (n < 1) return berth_fail(BERTH_E_INVALID, "the prompt is empty (give at least one token id)");
+    if (max_new < 0) return berth_fail(BERTH_E_INVALID, "max new tokens = %d must not be negative", (int)max_new);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= info->vocab_size)
+            return berth_fail(BERTH_E_INVALID, "token id %d at prompt position %d is outside the vocabulary (size %d)",
+                              (int)ids[i], (int)i, (int)info->vocab_size);
+    if ((int64_t)n + max_new > info->max_positions)
+        return berth_fail(BERTH_E_INVALID,
+                          "prompt of %d tokens + %d new tokens exceeds the context limit of %d "
+                          "(max_position_embeddings in %s/config.json)",
+                          (int)n, (int)max_new, (int)info->max_positions, model_dir ? model_dir : ".");
+    return BERTH_OK;
+}
+
+berth_status runner_seq_new(struct runner *r, int32_t *seq)
+{
+    berth_status st = kv_seq_new(r->kv, seq);
+    if (st) return st;
+    for (int32_t i = 0; i < r->layout.n_states; i++) {
+        st = r->be->vt->buffer_fill(r->be->be, r->stream, r->state_pools[i],
+                                    (uint64_t)*seq * r->state_slot_bytes[i], 0, r->state_slot_bytes[i]);
+        if (st) {
+            kv_seq_free(r->kv, *seq);
+            return fail_with_backend(st, "cannot zero a recurrent-state slot");
+        }
+    }
+    return BERTH_OK;
+}
+
+void runner_seq_free(struct runner *r, int32_t seq) { kv_seq_free(r->kv, seq); }
+int32_t runner_seq_len(const struct runner *r, int32_t seq) { return kv_seq_len(r->kv, seq); }
+
+static berth_status upload(struct runner *r, uint64_t off, const void *src, uint64_t bytes)
+{
+    if (bytes == 0) return BERTH_OK;
+    berth_status st = r->be->vt->buffer_upload(r->be->be, r->stream, r->meta, off, src, bytes);
+    return st ? fail_with_backend(st, "cannot upload step metadata") : BERTH_OK;
+}
+
+static void note_kv_peak(struct runner *r)
+{
+    int32_t ng = kv_n_groups(r->kv);
+    for (int32_t g = 0; g < ng && g < 8; g++) {
+        int32_t u = kv_blocks_in_use(r->kv, g);
+        if (u > r->stats.kv_peak_blocks[g]) r->stats.kv_peak_blocks[g] = u;
+    }
+}
+
+berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, int32_t n_seqs)
+{
+    r->n_logits = 0;
+    if (n_seqs < 1 || n_seqs > r->max_seqs)
+        return berth_fail(BERTH_E_INVALID, "a step needs 1..%d sequences, got %d", (int)r->max_seqs, (int)n_seqs);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const struct runner_seq_step *s = &steps[i];
+        if (s->n < 1) return berth_fail(BERTH_E_INVALID, "sequence %d: a step needs at least one token", (int)s->seq);
+        for (int32_t j = 0; j < i; j++)
+            if (steps[j].seq == s->seq)
+                return berth_fail(BERTH_E_INVALID, "sequence %d appears twice in one step", (int)s->seq);
+        total += s->n;
+    }
+    if (total > r->max_tokens)
+        return berth_fail(BERTH_E_INVALID, "a step of %lld tokens exceeds [scheduler] max_batch_tokens = %d",
+                          (long long)total, (int)r->max_tokens);
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const struct runner_seq_step *s = &steps[i];
+        int32_t len = kv_seq_len(r->kv, s->seq);
+        for (int32_t k = 0; k < s->n; k++)
+            if (s->ids[k] < 0 || s->ids[k] >= r->info.vocab_size)
+                return berth_fail(BERTH_E_INVALID, "token id %d at position %d is outside the vocabulary (size %d)",
+                                  (int)s->ids[k], (int)(len + k), (int)r->info.vocab_size);
+        if ((int64_t)len + s->n > r->info.max_positions)
+            return berth_fail(BERTH_E_INVALID, "sequence %d would reach %lld tokens, past the context limit of %d",
+                              (int)s->seq, (long long)len + s->n, (int)r->info.max_positions);
+    }
+
+    /* Reserve KV blocks, then lay the step out. */
+    int32_t n_logits = 0, max_q = 0, max_kv = 0, tok = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const struct runner_seq_step *s = &steps[i];
+        int32_t start = kv_seq_len(r->kv, s->seq);
+        berth_status st = kv_seq_ensure(r->kv, s->seq, start + s->n);
+        if (st) return st;
+        r->spans[i].seq = s->seq;
+        r->spans[i].start = start;
+        r->spans[i].n = s->n;
+        r->h_q_start[i] = tok;
+        r->h_kv_len[i] = start + s->n;
+        r->h_state_slots[i] = s->seq;
+        for (int32_t k = 0; k < s->n; k++) {
+            r->h_tokens[tok + k] = s->ids[k];
+            r->h_positions[tok + k] = start + k;
+        }
+        if (s->logits == RUNNER_LOGITS_ALL)
+            for (int32_t k = 0; k < s->n; k++) r->h_logit_rows[n_logits++] = tok + k;
+        else if (s->logits == RUNNER_LOGITS_LAST)
+            r->h_logit_rows[n_logits++] = tok + s->n - 1;
+        tok += s->n;
+        if (s->n > max_q) max_q = s->n;
+        if (start + s->n > max_kv) max_kv = start + s->n;
+    }
+    r->h_q_start[n_seqs] = tok;
+    note_kv_peak(r);
+
+    berth_status st = alloc_logits(r, n_logits);
+    if (st) return st;
+    if ((st = upload(r, r->off_tokens, r->h_tokens, (uint64_t)tok * 4)) ||
+        (st = upload(r, r->off_positions, r->h_positions, (uint64_t)tok * 4)) ||
+        (st = upload(r, r->off_q_start, r->h_q_start, (uint64_t)(n_seqs + 1) * 4)) ||
+        (st = upload(r, r->off_kv_len, r->h_kv_len, (uint64_t)n_seqs * 4)) ||
+        (st = upload(r, r->off_logit_rows, r->h_logit_rows, (uint64_t)n_logits * 4)))
+        return st;
+    if (r->layout.n_states > 0 && (st = upload(r, r->off_state_slots, r->h_state_slots, (uint64_t)n_seqs * 4)))
+        return st;
+
+    int32_t width = kv_batch_table_width(r->kv, r->spans, n_seqs);
+    for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
+        st = kv_batch_tables(r->kv, g, r->spans, n_seqs, width, r->h_table, r->h_slots);
+        if (st) return st;
+        if ((st = upload(r, r->off_table[g], r->h_table, (uint64_t)width * (uint64_t)n_seqs * 4)) ||
+            (st = upload(r, r->off_slots[g], r->h_slots, (uint64_t)tok * 4)))
+            return st;
+        berth_tensor bt = tensor_2d(r->meta, r->off_table[g], BERTH_DTYPE_I32, width, n_seqs);
+        berth_tensor sl = tensor_1d(r->meta, r->off_slots[g], BERTH_DTYPE_I32, tok);
+        kv_group_batch(r->kv, g, &bt, &sl, &r->gb[g]);
+    }
+
+    berth_batch b;
+    memset(&b, 0, sizeof b);
+    b.struct_size = sizeof b;
+    b.n_tokens = tok;
+    b.n_seqs = n_seqs;
+    b.n_logits = n_logits;
+    b.max_q_len = max_q;
+    b.max_kv_len = max_kv;
+    b.tokens = tensor_1d(r->meta, r->off_tokens, BERTH_DTYPE_I32, tok);
+    b.positions = tensor_1d(r->meta, r->off_positions, BERTH_DTYPE_I32, tok);
+    b.seq_q_start = tensor_1d(r->meta, r->off_q_start, BERTH_DTYPE_I32, n_seqs + 1);
+    b.seq_kv_len = tensor_1d(r->meta, r->off_kv_len, BERTH_DTYPE_I32, n_seqs);
+    b.logit_rows = tensor_1d(r->meta, r->off_logit_rows, BERTH_DTYPE_I32, n_logits);
+    if (r->layout.n_states > 0) b.state_slots = tensor_1d(r->meta, r->off_state_slots, BERTH_DTYPE_I32, n_seqs);
+    b.h_tokens = r->h_tokens;
+    b.h_positions = r->h_positions;
+    b.h_seq_q_start = r->h_q_start;
+    b.h_seq_kv_len = r->h_kv_len;
+    b.h_logit_rows = r->h_logit_rows;
+    b.n_kv_groups = r->layout.n_kv_groups;
+    b.n_states = r->layout.n_states > 0 ? r->layout.n_states : 0;
+    b.kv = r->gb;
+    b.states = r->sb;
+    b.logits = tensor_2d(r->logits, 0, BERTH_DTYPE_F32, r->info.vocab_size, n_logits);
+
+    st = r->cfg.mvt->forward(r->cfg.model, r->stream, &b);
+    r->stats.forward_calls++;
+    if (st) {
+        if (!berth_last_error()[0]) berth_fail(st, "model forward failed: %s", berth_status_str(st));
+        return st;
+    }
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (steps[i].is_decode)
+            r->stats.decode_steps++;
+        else
+            r->stats.prefill_tokens += steps[i].n;
+    }
+    r->n_logits = n_logits;
+    return BERTH_OK;
+}
+
+berth_status runner_logits(struct runner *r, int32_t first, int32_t n_rows, float *dst)
+{
+    if (first < 0 || n_rows < 0 || first + n_rows > r->n_logits)
+        return berth_fail(BERTH_E_INVALID, "logit rows %d..%d requested, the last step made %d", (int)first,
+                          (int)(first + n_rows - 1), (int)r->n_logits);
+    if (n_rows == 0) return BERTH_OK;
+    uint64_t row = (uint64_t)r->info.vocab_size * sizeof(float);
+    berth_status st = r->be->vt->buffer_download(r->be->be, r->stream, r->logits, (uint64_t)first * row, dst,
+                                                 (uint64_t)n_rows * row);
+    if (st) return fail_with_backend(st, "cannot download logits");
+    st = r->be->vt->stream_sync(r->be->be, r->stream);
+    return st ? fail_with_backend(st, "stream sync") : BERTH_OK;
+}
+
+berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int want_all_logits,
+                            float *logits_out)
+{
+    double t0 = now_seconds();
+    int32_t chunk = want_all_logits ? r->logits_rows_max : r->max_tokens;
+    uint64_t vocab = (uint64_t)r->info.vocab_size;
+    berth_status st = BERTH_OK;
+    for (int32_t done = 0; done < n && !st; done += chunk) {
+        int32_t m = n - done < chunk ? n - done : chunk;
+        int last = done + m == n;
+        struct runner_seq_step s = {seq, ids + done, m,
+                                    want_all_logits ? RUNNER_LOGITS_ALL : last ? RUNNER_LOGITS_LAST : RUNNER_LOGITS_NONE,
+                                    0};
+        st = runner_step(r, &s, 1);
+        if (st) break;
+        if (logits_out && want_all_logits)
+            st = runner_logits(r, 0, m, logits_out + (uint64_t)done * vocab);
+        else if (logits_out && last)
+            st = runner_logits(r, 0, 1, logits_out);
+    }
+    if (!st && !logits_out) {
+        st = r->be->vt->stream_sync(r->be->be, r->stream);
+        if (st) st = fail_with_backend(st, "stream sync");
+    }
+    r->stats.prefill_seconds += now_seconds() - t0;
+    return st;
+}
+
+berth_status runner_decode(struct runner *r, int32_t seq, int32_t token, float *logits_out)
+{
+    double t0 = now_seconds();
+    struct runner_seq_step s = {seq, &token, 1, RUNNER_LOGITS_LAST, 1};
+    berth_status st = runner_step(r, &s, 1);
+    if (!st && logits_out) st = runner_logits(r, 0, 1, logits_out);
+    r->stats.decode_seconds += now_seconds() - t0;
+    return st;
+}
+
+/* Greedy pick on the host, for backends without a sample op: argmax, ties to the lower id. */
+static berth_status host_argmax(struct runner *r, int32_t row, int32_t *id)
+{
+    float *buf = malloc((size_t)r->info.vocab_size * sizeof *buf);
+    if (!buf) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    berth_status st = runner_logits(r, row, 1, buf);
+    if (!st) {
+        int32_t best = 0;
+        for (int32_t v = 1; v < r->info.vocab_size; v++)
+            if (buf[v] > buf[best]) best = v;
+        *id = best;
+    }
+    free(buf);
+    return st;
+}
+
+berth_status runner_sample_row(struct runner *r, int32_t row, const struct runner_sampling *sp, uint64_t counter,
+                               int32_t *id)
+{
+    if (row < 0 || row >= r->n_logits)
+        return berth_fail(BERTH_E_INVALID, "cannot sample row %d: the last step made %d logit rows", (int)row,
+                          (int)r->n_logits);
+    const berth_ops *ops = r->be->ops;
+    int have_sample = ops && BERTH_HAS(ops, berth_ops, sample) && ops->sample;
+    if (!have_sample) {
+        if (sp->temperature > 0)
+            return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
+                              r->be->device ? r->be->device->name : "?");
+        return host_argmax(r, row, id);
+    }
+    float temperature = sp->temperature, top_p = sp->top_p, min_p = 0.0f;
+    float rep = 1.0f, presence = 0.0f, frequency = 0.0f;
+    int32_t top_k = sp->top_k;
+    uint64_t seed = sp->seed, ctr = counter;
+    int32_t hist_start[2] = {0, 0};
+    berth_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.n_rows = 1;
+    p.n_top = 0;
+    p.temperature = &temperature;
+    p.top_k = &top_k;
+    p.top_p = &top_p;
+    p.min_p = &min_p;
+    p.repetition_penalty = &rep;
+    p.presence_penalty = &presence;
+    p.frequency_penalty = &frequency;
+    p.seed = &seed;
+    p.counter = &ctr;
+    p.history = NULL;
+    p.history_start = hist_start;
+    uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
+    p.logits = tensor_2d(r->logits, (uint64_t)row * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, 1);
+    p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, 1);
+    berth_status st = ops->sample(r->be->be, r->stream, &p);
+    if (st) return fail_with_backend(st, "sampling failed");
+    int32_t got = -1;
+    st = r->be->vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, &got, sizeof got);
+    if (!st) st = r->be->vt->stream_sync(r->be->be, r->stream);
+    if (st) return fail_with_backend(st, "cannot read the sampled token");
+    if (got < 0 || got >= r->info.vocab_size)
+        return berth_fail(BERTH_E_BACKEND, "the backend's sample op returned token %d, outside the vocabulary "
+                          "(size %d)", (int)got, (int)r->info.vocab_size);
+    *id = got;
+    return BERTH_OK;
+}
+
+static int is_eos(const berth_model_info *info, int32_t tok)
+{
+    for (int32_t i = 0; i < info->n_eos; i++)
+        if (info->eos_ids[i] == tok) return 1;
+    return 0;
+}
+
+berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n, const struct runner_gen_params *gp,
+                             float *prompt_logits, runner_token_fn cb, void *arg, struct runner_generation *out)
+{
+    memset(out, 0, sizeof *out);
+    const int32_t max_new = gp->max_new;
+    const struct runner_sampling *sp = &gp->sampling;
+    berth_status st = runner_check_prompt(&r->info, r->cfg.model_dir, prompt, n, max_new);
+    if (st) return st;
+    int32_t *toks = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *toks);
+    if (!toks) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    int32_t seq = -1;
+    st = runner_seq_new(r, &seq);
+    if (st) {
+        free(toks);
+        return st;
+    }
+    const char *finish = RUNNER_FINISH_LENGTH;
+    int32_t count = 0;
+    st = runner_prefill(r, seq, prompt, n, prompt_logits != NULL, prompt_logits);
+    int32_t row = r->n_logits - 1;
+    for (int32_t i = 0; !st && i < max_new; i++) {
+        int32_t tok;
+        st = runner_sample_row(r, row, sp, (uint64_t)(n + i), &tok);
+        if (st) break;
+        toks[count++] = tok;
+        int stop = !gp->ignore_eos && is_eos(&r->info, tok);
+        if (cb && cb(tok, arg)) stop = 1;
+        if (stop) {
+            finish = RUNNER_FINISH_STOP;
+            break;
+        }
+        if (i + 1 < max_new) {
+            st = runner_decode(r, seq, tok, NULL);
+            row = 0;
+        }
+    }
+    runner_seq_free(r, seq);
+    if (st) {
+        free(toks);
+        return st;
+    }
+    out->tokens = toks;
+    out->n_tokens = count;
+    out->finish_reason = finish;
+    return BERTH_OK;
+}

@@ -1,0 +1,103 @@
+/*
+ * kv_cache.h — the host's paged KV cache: one block pool per page group of the model, a free-list block
+ * allocator, and per-sequence block tables.
+ *
+ * Memory layout of a group's pool (one backend buffer, usage BERTH_USAGE_KV, n_blocks blocks), block-major so a
+ * block is one contiguous range that a later prefix cache can share or copy whole:
+ *
+ *     block b:  layer 0: K plane, V plane | layer 1: K plane, V plane | ... | layer n_layers-1: K, V
+ *     plane:    block_size token rows of n_kv_heads heads of head_slot elements
+ *
+ *   head_slot     = max(head_dim, head_dim_v)              (elements; K and V share one stride set in berth_kv_view)
+ *   head_stride   = head_slot * elem_size
+ *   token_stride  = n_kv_heads * head_stride
+ *   plane_bytes   = block_size * token_stride
+ *   layer_stride  = 2 * plane_bytes                       (berth_kv_group_batch.layer_stride)
+ *   block_stride  = n_layers * layer_stride
+ *   K of (b, layer l, slot s, head h) = b*block_stride + l*layer_stride + s*token_stride + h*head_stride
+ *   V of the same                     = that + plane_bytes
+ *
+ * Sizing: [kv] memory is split across groups in proportion to their bytes per token (every position needs an
+ * entry in every group), which gives every group the same block count. A SLIDING group never needs more than
+ * ceil((window - 1 + max_chunk) / block_size) + 1 blocks per sequence, so its share is capped at what max_seqs
+ * sequences can use and the rest goes to the other groups.
+ *
+ * Sliding groups release blocks wholly outside the window as a sequence grows (their table entries become -1).
+ *
+ * Sequences are small integers in [0, max_seqs) handed out by kv_seq_new. Single-threaded: one owner drives it.
+ */
+#ifndef BERTH_HOST_KV_CACHE_H
+#define BERTH_HOST_KV_CACHE_H
+
+#include <berth/model.h>
+#include <stdint.h>
+
+struct kv_cache;
+
+struct kv_cache_params {
+    int32_t block_size;     /* [kv] block_size: token slots per block */
+    uint64_t memory_bytes;  /* [kv] memory: bytes for all pools together */
+    int32_t max_seqs;       /* sequences alive at once */
+    int32_t max_seq_len;    /* longest sequence (sizes the block tables); the model's context limit */
+    int32_t max_chunk;      /* most new tokens of one sequence in one step ([scheduler] max_batch_tokens) */
+    berth_dtype dtype;      /* element type of the pools: F32, F16 or BF16 */
+};
+
+/* Create pools for every group of layout on backend be (be may be NULL: bookkeeping only, no buffers — for tests
+ * and dry sizing). Fails with a message naming the group when memory_bytes cannot hold one block of it or when a
+ * buffer allocation fails. Caller frees with kv_cache_free (before the backend is destroyed). */
+berth_status kv_cache_create(const berth_backend_api *be, const berth_memory_layout *layout,
+                             const struct kv_cache_params *p, struct kv_cache **out);
+void kv_cache_free(struct kv_cache *kv);
+
+int32_t kv_n_groups(const struct kv_cache *kv);
+int32_t kv_block_size(const struct kv_cache *kv);
+const char *kv_group_name(const struct kv_cache *kv, int32_t g);
+int32_t kv_blocks_total(const struct kv_cache *kv, int32_t g);
+int32_t kv_blocks_in_use(const struct kv_cache *kv, int32_t g);
+/* Blocks one sequence can hold at most in group g (the block-table width). */
+int32_t kv_max_blocks_per_seq(const struct kv_cache *kv, int32_t g);
+/* Bytes of one block of group g (all layers, K and V). */
+uint64_t kv_block_bytes(const struct kv_cache *kv, int32_t g);
+
+/* A free sequence id, length 0, no blocks. BERTH_E_NOMEM "all N sequence slots ..." when none is free. */
+berth_status kv_seq_new(struct kv_cache *kv, int32_t *seq);
+/* Return every block of seq to the free lists and the id to the pool. Ignores ids that are not in use. */
+void kv_seq_free(struct kv_cache *kv, int32_t seq);
+/* Tokens the sequence holds (the new_len of its last successful kv_seq_ensure). */
+int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq);
+/* Block of seq holding position pos in group g, or -1 (not allocated or released). */
+int32_t kv_seq_block(const struct kv_cache *kv, int32_t seq, int32_t g, int32_t pos);
+
+/* Make room for positions [kv_seq_len(seq), new_len) in every group, before the step that writes them. First
+ * releases sliding-window blocks no query at position >= kv_seq_len(seq) can see, then allocates. All or
+ * nothing: on exhaustion nothing is allocated and the error reads
+ *   KV cache exhausted: group 'full' needs 5 more blocks, 2 free (raise [kv] memory)
+ * new_len below the current length is BERTH_E_INVALID; above max_seq_len too. */
+berth_status kv_seq_ensure(struct kv_cache *kv, int32_t seq, int32_t new_len);
+
+/* One sequence's part of a step: new tokens at positions [start, start + n). */
+struct kv_seq_span {
+    int32_t seq;
+    int32_t start;
+    int32_t n;
+};
+
+/* Block-table width a step over spans needs: max over spans of ceil((start + n) / block_size). */
+int32_t kv_batch_table_width(const struct kv_cache *kv, const struct kv_seq_span *spans, int32_t n_seqs);
+/* Fill the host copies of group g's block table (width x n_seqs i32, row i = spans[i].seq's table, -1 beyond
+ * its blocks) and slots (one i32 per new token, sequences back to back: block * block_size + offset). The
+ * positions must have been ensured. */
+berth_status kv_batch_tables(const struct kv_cache *kv, int32_t g, const struct kv_seq_span *spans, int32_t n_seqs,
+                             int32_t width, int32_t *block_table, int32_t *slots);
+/* The berth_kv_group_batch of group g for a step whose block table and slots were uploaded as the given tensors
+ * (block_table ne {width, n_seqs}, slots ne {n_tokens}). Requires pools (be != NULL at create). */
+void kv_group_batch(const struct kv_cache *kv, int32_t g, const berth_tensor *block_table,
+                    const berth_tensor *slots, berth_kv_group_batch *out);
+
+/* Check the allocator's invariants: every block is either free (once) or owned by exactly one table entry of one
+ * live sequence, free + in use = total, sliding sequences hold at most their bound. BERTH_OK, or
+ * BERTH_E_INTERNAL with a message naming the first violation. For tests. */
+berth_status kv_cache_validate(const struct kv_cache *kv);
+
+#endif

@@ -1,0 +1,134 @@
+/*
+ * runner.h — drives one loaded model plugin on one backend: loads it, owns the paged KV cache, the per-step
+ * metadata buffers and the logits buffer, builds berth_batch steps, and runs prefill (chunked), decode and
+ * sampled generation.
+ *
+ * A step may mix several sequences (n_seqs >= 1, prefill chunks and decode rows alike); prefill/decode/generate
+ * below are the single-sequence conveniences `berth generate` and the parity tests use. The scheduler grows on
+ * runner_step.
+ *
+ * Ownership: the runner borrows the backend api, the model and the checkpoint; it owns what it allocates on the
+ * backend (KV pools, metadata and logits buffers, its stream). Free it before destroying the model, closing the
+ * checkpoint, or destroying the backend. Single-threaded.
+ */
+#ifndef BERTH_HOST_RUNNER_H
+#define BERTH_HOST_RUNNER_H
+
+#include <berth/model.h>
+#include <stdint.h>
+
+#include "kv_cache.h"
+
+struct runner;
+
+struct runner_config {
+    const berth_backend_api *be;      /* the chosen, initialised backend */
+    const berth_model_vtable *mvt;    /* the model plugin's table */
+    berth_model *model;               /* created, not yet loaded: runner_create calls load() */
+    const berth_checkpoint *ck;
+    const char *model_dir;            /* for messages ("DIR/config.json") */
+    int32_t max_batch_tokens;         /* [scheduler] max_batch_tokens: most tokens per forward() */
+    int32_t max_seqs;                 /* sequences alive at once (1 for `berth generate`) */
+    int32_t kv_block_size;            /* [kv] block_size */
+    uint64_t kv_memory;               /* [kv] memory */
+};
+
+/* Load the model (berth_load_params: act F32, KV F32), size the KV cache, create a stream and the metadata and
+ * logits buffers. Caller frees with runner_free. */
+berth_status runner_create(const struct runner_config *cfg, struct runner **out);
+void runner_free(struct runner *r);
+
+const berth_model_info *runner_info(const struct runner *r);
+struct kv_cache *runner_kv(struct runner *r);
+
+/* Check a prompt before any work: every id in [0, vocab), prompt non-empty, and prompt + max_new within the
+ * context limit. Messages:
+ *   token id 300 at prompt position 4 is outside the vocabulary (size 256)
+ *   prompt of 300 tokens + 24 new tokens exceeds the context limit of 256 (max_position_embeddings in DIR/config.json)
+ */
+berth_status runner_check_prompt(const berth_model_info *info, const char *model_dir, const int32_t *ids,
+                                 int32_t n, int32_t max_new);
+
+/* Sequences: a fresh one (length 0, recurrent state zeroed) and its release. */
+berth_status runner_seq_new(struct runner *r, int32_t *seq);
+void runner_seq_free(struct runner *r, int32_t seq);
+int32_t runner_seq_len(const struct runner *r, int32_t seq);
+
+/* One sequence's part of a step. */
+#define RUNNER_LOGITS_NONE 0
+#define RUNNER_LOGITS_LAST 1
+#define RUNNER_LOGITS_ALL 2
+struct runner_seq_step {
+    int32_t seq;
+    const int32_t *ids;   /* n new tokens, appended at positions [len, len + n) */
+    int32_t n;
+    int32_t logits;       /* RUNNER_LOGITS_*: which of its rows get logits */
+    int32_t is_decode;    /* counts as a decode step (else as n prefill tokens) */
+};
+
+/* One forward() over the given sequences (total tokens <= max_batch_tokens, one entry per distinct sequence).
+ * Logit rows land in the runner's logits buffer in batch order (sequence by sequence, ascending); fetch them
+ * with runner_logits / runner_sample_row. On failure the sequences involved must be freed. */
+berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, int32_t n_seqs);
+/* Rows of the last step's logits: copy n_rows x vocab floats starting at row first into dst (syncs). */
+berth_status runner_logits(struct runner *r, int32_t first, int32_t n_rows, float *dst);
+/* Logit rows the last step produced. */
+int32_t runner_n_logits(const struct runner *r);
+
+/* Prefill ids into seq, splitting into chunks of at most max_batch_tokens (chunked prefill). logits_out (may be
+ * NULL) receives [n x vocab] floats with want_all_logits, else the last row [vocab]. Afterwards the last row's
+ * logits stay available to runner_sample_row(r, runner_n_logits(r) - 1, ...). */
+berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int want_all_logits,
+                            float *logits_out);
+/* Append one token to seq; logits_out (may be NULL) receives its [vocab] logits. */
+berth_status runner_decode(struct runner *r, int32_t seq, int32_t token, float *logits_out);
+
+struct runner_sampling {
+    float temperature; /* <= 0: greedy */
+    int32_t top_k;     /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    uint64_t seed;
+};
+
+/* Sample one token from row `row` of the last step's logits with the backend's sample op (greedy when
+ * temperature <= 0); counter feeds the counter-based generator (the position the token will take). */
+berth_status runner_sample_row(struct runner *r, int32_t row, const struct runner_sampling *sp, uint64_t counter,
+                               int32_t *id);
+
+#define RUNNER_FINISH_LENGTH "length"
+#define RUNNER_FINISH_STOP "stop"
+struct runner_generation {
+    int32_t *tokens;           /* generated ids; caller frees */
+    int32_t n_tokens;
+    const char *finish_reason; /* RUNNER_FINISH_*: EOS id of the model ("stop") or max_new reached ("length") */
+};
+
+/* Called after each generated token; return non-zero to stop early (finish_reason "stop"). */
+typedef int (*runner_token_fn)(int32_t token, void *arg);
+
+struct runner_gen_params {
+    int32_t max_new;                 /* tokens to generate at most */
+    struct runner_sampling sampling;
+    int32_t ignore_eos;              /* keep going past the model's EOS ids (references, benchmarks) */
+};
+
+/* Check the prompt, prefill it (all logits into prompt_logits [n x vocab] when non-NULL), then sample up to
+ * max_new tokens, decoding each one but the last through the KV cache: n_tokens - 1 decode steps, no
+ * re-prefill. Stops at an EOS id of the model unless ignore_eos. Uses a fresh sequence and frees it. */
+berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n, const struct runner_gen_params *gp,
+                             float *prompt_logits, runner_token_fn cb, void *arg, struct runner_generation *out);
+
+/* Host-side counters since creation. */
+struct runner_stats {
+    int64_t prefill_tokens;   /* tokens run through prefill steps */
+    int64_t decode_steps;     /* single-token decode steps */
+    int64_t forward_calls;    /* forward() calls */
+    double prefill_seconds;   /* wall time in prefill steps (including the logits download) */
+    double decode_seconds;
+    int32_t kv_peak_blocks[8]; /* most blocks in use per group (first 8 groups) */
+};
+const struct runner_stats *runner_stats(const struct runner *r);
+/* The model plugin's own counters (its optional counters()); *n = how many, at most cap copied. 0 without. */
+berth_status runner_model_counters(const struct runner *r, berth_counter *out, int32_t cap, int32_t *n);
+
+#endif

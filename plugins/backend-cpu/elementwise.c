@@ -1,0 +1,222 @@
+/*
+ * elementwise.c — row-wise ops without reductions: get_rows (embedding lookup), unary, glu, binary (with
+ * broadcast) and copy (dtype conversion). All work row by row on row-regular views, parallel over rows.
+ */
+#include <inttypes.h>
+
+#include "convert.h"
+#include "cpu_backend.h"
+
+/* ---------------------------------------------------------------------------------------------------------
+ * get_rows: y[t, :] = scale * table[ids[t], :] */
+
+bool cpu_check_get_rows(struct cpu_check *c, const berth_get_rows_params *p)
+{
+    static const char op[] = "get_rows";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_get_rows_params, y)))
+        return false;
+    if (!ck_tensor(c, op, "table", &p->table, CPU_WEIGHT_DTYPES, false) ||
+        !ck_tensor(c, op, "ids", &p->ids, CPU_I32, false) || !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true))
+        return false;
+    if (p->table.ne[2] != 1 || p->table.ne[3] != 1)
+        return ck_fail(c, BERTH_E_INVALID, "get_rows: table must be 2-D ne {D, N}");
+    if (!ck_vector(c, op, "ids", &p->ids, -1))
+        return false;
+    if (p->y.ne[0] != p->table.ne[0])
+        return ck_fail(c, BERTH_E_INVALID, "get_rows: y ne[0] = %" PRId64 " but table ne[0] (D) = %" PRId64,
+                       p->y.ne[0], p->table.ne[0]);
+    if (cpu_nrows(&p->y) != p->ids.ne[0])
+        return ck_fail(c, BERTH_E_INVALID, "get_rows: y has %" PRId64 " rows but ids has %" PRId64 " entries",
+                       cpu_nrows(&p->y), p->ids.ne[0]);
+    return true;
+}
+
+static void get_rows_range(const void *arg, int64_t t0, int64_t t1)
+{
+    const berth_get_rows_params *p = arg;
+    const int64_t D = p->table.ne[0];
+    for (int64_t t = t0; t < t1; t++) {
+        const char *src = cpu_data(&p->table) + (int64_t)cpu_i32_at(&p->ids, t) * p->table.nb[1];
+        float *y = (float *)cpu_row(&p->y, t);
+        cpu_load_row(y, src, p->table.dtype, D); /* y never aliases table (f32 scratch vs weights) */
+        if (p->scale != 1.0f)
+            for (int64_t i = 0; i < D; i++)
+                y[i] *= p->scale;
+    }
+}
+
+berth_status cpu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get_rows_params *p)
+{
+    CPU_OP_BEGIN(be, get_rows, p);
+    for (int64_t t = 0; t < p->ids.ne[0]; t++) {
+        const int32_t id = cpu_i32_at(&p->ids, t);
+        if (id < 0 || id >= p->table.ne[1]) {
+            CPU_OP_END(be);
+            struct cpu_check c = {0};
+            ck_fail(&c, BERTH_E_INVALID, "get_rows: ids[%" PRId64 "] = %d is outside the table's %" PRId64 " rows", t,
+                    id, p->table.ne[1]);
+            return ck_report(be, &c);
+        }
+    }
+    cpu_parallel_for(be, p->ids.ne[0], (double)p->table.ne[0], get_rows_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * unary: y = out_scale * f(in_scale * x) */
+
+bool cpu_check_unary(struct cpu_check *c, const berth_unary_params *p)
+{
+    static const char op[] = "unary";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_unary_params, y)))
+        return false;
+    if (!cpu_act_valid(p->act))
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "unary: activation %d is not supported", p->act);
+    return ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) &&
+           ck_same_shape(c, op, "y", &p->y, "x", &p->x);
+}
+
+static void unary_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_unary_params *p = arg;
+    const int64_t n = p->x.ne[0];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)cpu_row(&p->x, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = p->out_scale * cpu_act(p->act, p->in_scale * x[i]);
+    }
+}
+
+berth_status cpu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_params *p)
+{
+    CPU_OP_BEGIN(be, unary, p);
+    cpu_parallel_for(be, cpu_nrows(&p->x), 8.0 * (double)p->x.ne[0], unary_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * glu: y = f(gate) * up */
+
+bool cpu_check_glu(struct cpu_check *c, const berth_glu_params *p)
+{
+    static const char op[] = "glu";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_glu_params, y)))
+        return false;
+    if (!cpu_act_valid(p->act))
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "glu: activation %d is not supported", p->act);
+    return ck_tensor(c, op, "gate", &p->gate, CPU_ACT_DTYPES, false) &&
+           ck_tensor(c, op, "up", &p->up, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) &&
+           ck_same_shape(c, op, "up", &p->up, "gate", &p->gate) && ck_same_shape(c, op, "y", &p->y, "gate", &p->gate);
+}
+
+static void glu_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_glu_params *p = arg;
+    const int64_t n = p->gate.ne[0];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *g = (const float *)cpu_row(&p->gate, r);
+        const float *u = (const float *)cpu_row(&p->up, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = cpu_act(p->act, g[i]) * u[i];
+    }
+}
+
+berth_status cpu_op_glu(berth_backend *be, berth_stream *s, const berth_glu_params *p)
+{
+    CPU_OP_BEGIN(be, glu, p);
+    cpu_parallel_for(be, cpu_nrows(&p->gate), 8.0 * (double)p->gate.ne[0], glu_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * binary: y = a + scale*b or a*b*scale, b broadcast over dims where its ne is 1. b may be any weight dtype
+ * (per-layer scalars and scale vectors come straight from checkpoints). */
+
+bool cpu_check_binary(struct cpu_check *c, const berth_binary_params *p)
+{
+    static const char op[] = "binary";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_binary_params, y)))
+        return false;
+    if (p->op != BERTH_BINARY_ADD && p->op != BERTH_BINARY_MUL)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "binary: op %d is not supported", p->op);
+    if (!ck_tensor(c, op, "a", &p->a, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "b", &p->b, CPU_WEIGHT_DTYPES, false) ||
+        !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) || !ck_same_shape(c, op, "y", &p->y, "a", &p->a))
+        return false;
+    for (int i = 0; i < 4; i++)
+        if (p->b.ne[i] != 1 && p->b.ne[i] != p->a.ne[i])
+            return ck_fail(c, BERTH_E_INVALID, "binary: b ne[%d] = %" PRId64 " must be 1 or a's %" PRId64, i,
+                           p->b.ne[i], p->a.ne[i]);
+    return true;
+}
+
+static void binary_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_binary_params *p = arg;
+    const int64_t n = p->a.ne[0];
+    const int64_t bstep = p->b.ne[0] == 1 ? 0 : 1;
+    for (int64_t r = r0; r < r1; r++) {
+        const int64_t i1 = r % p->a.ne[1], i2 = r / p->a.ne[1] % p->a.ne[2], i3 = r / p->a.ne[1] / p->a.ne[2];
+        const char *brow = cpu_data(&p->b) + (p->b.ne[1] == 1 ? 0 : i1 * p->b.nb[1]) +
+                           (p->b.ne[2] == 1 ? 0 : i2 * p->b.nb[2]) + (p->b.ne[3] == 1 ? 0 : i3 * p->b.nb[3]);
+        const float *a = (const float *)cpu_row(&p->a, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        if (p->op == BERTH_BINARY_ADD)
+            for (int64_t i = 0; i < n; i++)
+                y[i] = a[i] + p->scale * cpu_load(brow, p->b.dtype, i * bstep);
+        else
+            for (int64_t i = 0; i < n; i++)
+                y[i] = a[i] * cpu_load(brow, p->b.dtype, i * bstep) * p->scale;
+    }
+}
+
+berth_status cpu_op_binary(berth_backend *be, berth_stream *s, const berth_binary_params *p)
+{
+    CPU_OP_BEGIN(be, binary, p);
+    cpu_parallel_for(be, cpu_nrows(&p->a), (double)p->a.ne[0], binary_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * copy: y = x with dtype conversion, any outer strides on both sides. */
+
+bool cpu_check_copy(struct cpu_check *c, const berth_copy_params *p)
+{
+    static const char op[] = "copy";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_copy_params, y)))
+        return false;
+    return ck_tensor(c, op, "x", &p->x, CPU_WEIGHT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_WEIGHT_DTYPES, true) &&
+           ck_same_shape(c, op, "y", &p->y, "x", &p->x);
+}
+
+static void copy_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_copy_params *p = arg;
+    const int64_t n = p->x.ne[0];
+    for (int64_t r = r0; r < r1; r++) {
+        const char *x = cpu_row(&p->x, r);
+        char *y = cpu_row(&p->y, r);
+        if (p->x.dtype == p->y.dtype)
+            memmove(y, x, (size_t)n * cpu_dtype_size(p->x.dtype));
+        else if (p->x.dtype == BERTH_DTYPE_F32)
+            cpu_store_row(y, p->y.dtype, (const float *)x, n);
+        else if (p->y.dtype == BERTH_DTYPE_F32)
+            cpu_load_row((float *)y, x, p->x.dtype, n);
+        else /* bf16 <-> f16 through f32, element by element (in place safe: same element size) */
+            for (int64_t i = 0; i < n; i++)
+                cpu_store(y, p->y.dtype, i, cpu_load(x, p->x.dtype, i));
+    }
+}
+
+berth_status cpu_op_copy(berth_backend *be, berth_stream *s, const berth_copy_params *p)
+{
+    CPU_OP_BEGIN(be, copy, p);
+    cpu_parallel_for(be, cpu_nrows(&p->x), (double)p->x.ne[0], copy_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}

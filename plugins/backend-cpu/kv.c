@@ -1,0 +1,155 @@
+/*
+ * kv.c — kv_append: write the K and V of new tokens into the paged cache, optionally RMS-normalising K (then
+ * rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
+ * rounded to nearest even). Negative slots skip their token.
+ */
+#include <inttypes.h>
+#include <math.h>
+
+#include "convert.h"
+#include "cpu_backend.h"
+
+#define KV_ROPE_CHUNK 64
+
+bool cpu_check_kv_append(struct cpu_check *c, const berth_kv_append_params *p)
+{
+    static const char op[] = "kv_append";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_kv_append_params, kv)))
+        return false;
+    const berth_kv_view *kv = &p->kv;
+    if (!ck_kv_view(c, op, kv))
+        return false;
+    if (c->exec && (kv->k_buf->read_only || kv->v_buf->read_only))
+        return ck_fail(c, BERTH_E_INVALID, "kv_append: the KV cache is in a read-only buffer");
+    if (!ck_tensor(c, op, "k", &p->k, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "v", &p->v, CPU_ACT_DTYPES, false) ||
+        !ck_tensor(c, op, "slots", &p->slots, CPU_I32, false))
+        return false;
+    const int64_t T = p->k.ne[2];
+    if (p->k.ne[0] != kv->head_dim || p->k.ne[1] != kv->n_kv_heads || p->k.ne[3] != 1)
+        return ck_fail(c, BERTH_E_INVALID,
+                       "kv_append: k must be ne {head_dim %d, n_kv_heads %d, T}, got {%" PRId64 ", %" PRId64 ", %" PRId64
+                       ", %" PRId64 "}", kv->head_dim, kv->n_kv_heads, p->k.ne[0], p->k.ne[1], p->k.ne[2], p->k.ne[3]);
+    if (p->v.ne[0] != kv->head_dim_v || p->v.ne[1] != kv->n_kv_heads || p->v.ne[2] != T || p->v.ne[3] != 1)
+        return ck_fail(c, BERTH_E_INVALID,
+                       "kv_append: v must be ne {head_dim_v %d, n_kv_heads %d, T %" PRId64 "}, got {%" PRId64
+                       ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", kv->head_dim_v, kv->n_kv_heads, T, p->v.ne[0],
+                       p->v.ne[1], p->v.ne[2], p->v.ne[3]);
+    if (!ck_vector(c, op, "slots", &p->slots, T))
+        return false;
+    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_W_ONE_PLUS)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: k_norm_mode %d is not supported", p->k_norm_mode);
+    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_W_ONE_PLUS)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: v_norm_mode %d is not supported", p->v_norm_mode);
+    if (p->k_norm_mode != BERTH_NORM_W_NONE &&
+        (!ck_tensor(c, op, "k_norm", &p->k_norm, CPU_WEIGHT_DTYPES, false) ||
+         !ck_vector(c, op, "k_norm", &p->k_norm, kv->head_dim)))
+        return false;
+    if (p->v_norm_mode != BERTH_NORM_W_NONE &&
+        (!ck_tensor(c, op, "v_norm", &p->v_norm, CPU_WEIGHT_DTYPES, false) ||
+         !ck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
+        return false;
+    if (p->rope_n_pairs != 0) {
+        if (!cpu_check_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim))
+            return false;
+        if (!ck_tensor(c, op, "positions", &p->positions, CPU_I32, false) ||
+            !ck_vector(c, op, "positions", &p->positions, T) ||
+            !ck_tensor(c, op, "rope_freqs", &p->rope_freqs, CPU_F32, false) ||
+            !ck_vector(c, op, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
+            return false;
+    }
+    return true;
+}
+
+/* Normalise, rotate and store one head vector: src (n f32) -> dst (cache dtype), via the f32 buffer tmp. */
+static void kv_store_head(const berth_kv_append_params *p, const float *src, int64_t n, int32_t norm_mode,
+                          const berth_tensor *norm_w, int rotate, const float *cs, const float *sn, float *tmp,
+                          void *dst)
+{
+    if (norm_mode == BERTH_NORM_W_NONE && !rotate) {
+        cpu_store_row(dst, p->kv.dtype, src, n);
+        return;
+    }
+    memcpy(tmp, src, (size_t)n * sizeof *tmp);
+    if (norm_mode != BERTH_NORM_W_NONE)
+        cpu_rms_norm_row(tmp, n, p->eps, norm_mode, cpu_data(norm_w), norm_w->dtype);
+    if (rotate)
+        for (int32_t j0 = 0; j0 < p->rope_n_pairs; j0 += KV_ROPE_CHUNK) {
+            const int32_t nj = p->rope_n_pairs - j0 < KV_ROPE_CHUNK ? p->rope_n_pairs - j0 : KV_ROPE_CHUNK;
+            const int64_t first = p->rope_mode == BERTH_ROPE_HALF ? j0 : 2 * (int64_t)j0;
+            cpu_rope_apply(tmp + first, p->rope_mode, p->rope_pair_offset, nj, cs + j0, sn + j0);
+        }
+    cpu_store_row(dst, p->kv.dtype, tmp, n);
+}
+
+struct kv_ctx {
+    const berth_kv_append_params *p;
+    berth_backend *be;
+};
+
+static void kv_task(void *arg, int tid, int nth)
+{
+    const struct kv_ctx *c = arg;
+    const berth_kv_append_params *p = c->p;
+    const berth_kv_view *kv = &p->kv;
+    const int64_t T = p->k.ne[2];
+    const int64_t dmax = kv->head_dim > kv->head_dim_v ? kv->head_dim : kv->head_dim_v;
+    float *tmp = cpu_thread_scratch(c->be, tid);
+    float *cs = tmp + dmax, *sn = cs + p->rope_n_pairs;
+    int64_t t0, t1;
+    cpu_split(T, 1, tid, nth, &t0, &t1);
+    for (int64_t t = t0; t < t1; t++) {
+        const int32_t slot = cpu_i32_at(&p->slots, t);
+        if (slot < 0)
+            continue;
+        if (p->rope_n_pairs > 0) {
+            const float pos = (float)cpu_i32_at(&p->positions, t);
+            const float *freqs = (const float *)cpu_data(&p->rope_freqs);
+            for (int32_t j = 0; j < p->rope_n_pairs; j++) {
+                const float a = pos * freqs[j];
+                cs[j] = cosf(a);
+                sn[j] = sinf(a);
+            }
+        }
+        const uint64_t off = (uint64_t)(slot / kv->block_size) * kv->block_stride +
+                             (uint64_t)(slot % kv->block_size) * kv->token_stride;
+        for (int32_t h = 0; h < kv->n_kv_heads; h++) {
+            const uint64_t hoff = off + (uint64_t)h * kv->head_stride;
+            const float *k = (const float *)(cpu_data(&p->k) + h * p->k.nb[1] + t * p->k.nb[2]);
+            const float *v = (const float *)(cpu_data(&p->v) + h * p->v.nb[1] + t * p->v.nb[2]);
+            kv_store_head(p, k, kv->head_dim, p->k_norm_mode, &p->k_norm, p->rope_n_pairs > 0, cs, sn, tmp,
+                          (char *)kv->k_buf->ptr + kv->k_offset + hoff);
+            kv_store_head(p, v, kv->head_dim_v, p->v_norm_mode, &p->v_norm, 0, NULL, NULL, tmp,
+                          (char *)kv->v_buf->ptr + kv->v_offset + hoff);
+        }
+    }
+}
+
+berth_status cpu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_append_params *p)
+{
+    CPU_OP_BEGIN(be, kv_append, p);
+    const berth_kv_view *kv = &p->kv;
+    const int64_t T = p->k.ne[2];
+    const int64_t capacity = (int64_t)kv->n_blocks * kv->block_size;
+    berth_status st = BERTH_OK;
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t slot = cpu_i32_at(&p->slots, t);
+        if (slot >= capacity) {
+            struct cpu_check c = {0};
+            ck_fail(&c, BERTH_E_INVALID, "kv_append: slots[%" PRId64 "] = %d is outside the pool (0..%" PRId64 ")",
+                    t, slot, capacity - 1);
+            st = ck_report(be, &c);
+            goto out;
+        }
+    }
+    const int64_t dmax = kv->head_dim > kv->head_dim_v ? kv->head_dim : kv->head_dim_v;
+    st = cpu_scratch_threads(be, (size_t)(dmax + 2 * (int64_t)p->rope_n_pairs) * sizeof(float));
+    if (st != BERTH_OK)
+        goto out;
+    struct kv_ctx c = {.p = p, .be = be};
+    const double work = (double)T * kv->n_kv_heads * (double)(kv->head_dim + kv->head_dim_v) * 4.0;
+    int nth = cpu_threads_for(be, work, 16384.0);
+    cpu_pool_run(be->pool, nth > T ? (int)(T > 0 ? T : 1) : nth, kv_task, &c);
+out:
+    CPU_OP_END(be);
+    return st;
+}

@@ -1,0 +1,195 @@
+/*
+ * matmul.c — y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ y[m, n]), fp32 accumulation, f32/bf16/f16 weights.
+ *
+ * Why it is built this way:
+ *  - Decode (M = 1) reads every weight once and does 2 flops per weight: it is bound by memory bandwidth, so
+ *    the only goals are to stream W at full speed and keep the conversion cheap. Each thread owns a disjoint,
+ *    contiguous slice of output features (rows of W), so the threads stream disjoint memory and never share
+ *    an output cache line except at slice ends. bf16 weights are widened in registers (a shift and a mask per
+ *    two vectors: see matmul_kernel.inc) — a weight matrix is never converted up front, which would double
+ *    the bytes read and cost memory proportional to the model.
+ *  - Prefill (M > 1) is compute bound: a register tile of MR x rows by NR w rows loads each widened W vector
+ *    once for MR rows of x and each x vector once for NR rows of W. W tiles are the outer loop so a tile stays
+ *    in L1 while all x rows pass over it; x is blocked (MB rows x KB columns, ~256 KiB) so the x block a thread
+ *    sweeps stays in L2.
+ *  - One kernel source (matmul_kernel.inc, GCC vector extensions) is compiled per ISA: AVX-512 (16-float
+ *    vectors, 32 registers: 5x4 tile), AVX2+FMA (8-float, 16 registers: 2x4), and the build's baseline. The
+ *    choice is made at run time with __builtin_cpu_supports, so one .so is fast on new CPUs and correct on
+ *    any x86-64. Per-ISA objects (rather than target_clones) let the tile shape follow the register count.
+ *  - x is packed once per call into scratch (rows contiguous; for bf16, and f16 without F16C, de-interleaved to
+ *    match the in-register widening); that is M*K floats, negligible next to N*K weights.
+ */
+#include <inttypes.h>
+#include <string.h>
+
+#include "convert.h"
+#include "cpu_backend.h"
+#include "matmul_kernels.h"
+
+#define MM_X_BLOCK_BYTES (256 * 1024) /* x block (MB rows x KB floats) kept in L2 while W tiles pass over it */
+#define MM_MB 64                      /* x rows per block */
+#define MM_MIN_MACS_PER_THREAD 32768.0 /* below this a thread costs more to wake than it saves */
+
+static bool cpu_has_avx512(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("fma");
+#else
+    return false;
+#endif
+}
+
+static bool cpu_has_avx2(void)
+{
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c") &&
+           __builtin_cpu_supports("bmi2");
+#else
+    return false;
+#endif
+}
+
+const struct mm_kernels *mm_kernels_select(void)
+{
+#if defined(__x86_64__)
+    if (cpu_has_avx512())
+        return &mm_kernels_avx512;
+    if (cpu_has_avx2())
+        return &mm_kernels_avx2;
+#endif
+    return &mm_kernels_generic;
+}
+
+const struct mm_kernels *mm_kernels_by_name(const char *isa)
+{
+    if (strcmp(isa, "generic") == 0)
+        return &mm_kernels_generic;
+#if defined(__x86_64__)
+    if (strcmp(isa, "avx2") == 0 && cpu_has_avx2())
+        return &mm_kernels_avx2;
+    if (strcmp(isa, "avx512") == 0 && cpu_has_avx512())
+        return &mm_kernels_avx512;
+#endif
+    return NULL;
+}
+
+bool cpu_check_matmul(struct cpu_check *c, const berth_matmul_params *p)
+{
+    static const char op[] = "matmul";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_matmul_params, y)))
+        return false;
+    if (!ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "w", &p->w, CPU_WEIGHT_DTYPES, false) ||
+        !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true))
+        return false;
+    const int64_t K = p->w.ne[0], N = p->w.ne[1];
+    if (p->w.ne[2] != 1 || p->w.ne[3] != 1)
+        return ck_fail(c, BERTH_E_INVALID, "matmul: w must be 2-D ne {K, N}, got ne[2] = %" PRId64 ", ne[3] = %" PRId64,
+                       p->w.ne[2], p->w.ne[3]);
+    if (N > 1 && p->w.nb[1] != K * p->w.nb[0])
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "matmul: w must be packed (nb[1] = %" PRId64 ", expected %" PRId64 ")",
+                       p->w.nb[1], K * p->w.nb[0]);
+    if (p->x.ne[0] != K)
+        return ck_fail(c, BERTH_E_INVALID, "matmul: x ne[0] = %" PRId64 " but w ne[0] (K) = %" PRId64, p->x.ne[0], K);
+    if (p->y.ne[0] != N)
+        return ck_fail(c, BERTH_E_INVALID, "matmul: y ne[0] = %" PRId64 " but w ne[1] (N) = %" PRId64, p->y.ne[0], N);
+    if (cpu_nrows(&p->y) != cpu_nrows(&p->x))
+        return ck_fail(c, BERTH_E_INVALID, "matmul: y has %" PRId64 " rows but x has %" PRId64, cpu_nrows(&p->y),
+                       cpu_nrows(&p->x));
+    if (p->accumulate != 0 && p->accumulate != 1)
+        return ck_fail(c, BERTH_E_INVALID, "matmul: accumulate = %d must be 0 or 1", p->accumulate);
+    if (ck_present(c, &p->bias))
+        return ck_tensor(c, op, "bias", &p->bias, CPU_WEIGHT_DTYPES, false) && ck_vector(c, op, "bias", &p->bias, N);
+    return true;
+}
+
+struct mm_ctx {
+    const struct mm_kernels *k;
+    struct mm_job job;
+    int64_t M, N, K;
+    int64_t kb;          /* K block */
+    int accumulate;
+    const void *bias;    /* NULL when absent */
+    berth_dtype bias_dt;
+};
+
+static void mm_task(void *arg, int tid, int nth)
+{
+    const struct mm_ctx *c = arg;
+    int64_t n0, n1;
+    cpu_split(c->N, c->k->nr, tid, nth, &n0, &n1);
+    if (n0 >= n1)
+        return;
+    /* y = (accumulate ? y : 0) + bias over this thread's slice, then the kernels add partial products */
+    for (int64_t m = 0; m < c->M; m++) {
+        float *y = c->job.y[m];
+        for (int64_t n = n0; n < n1; n++) {
+            const float b = c->bias ? cpu_load(c->bias, c->bias_dt, n) : 0.0f;
+            y[n] = (c->accumulate ? y[n] : 0.0f) + b;
+        }
+    }
+    for (int64_t m0 = 0; m0 < c->M; m0 += MM_MB) {
+        const int64_t m1 = m0 + MM_MB < c->M ? m0 + MM_MB : c->M;
+        for (int64_t k0 = 0; k0 < c->K; k0 += c->kb) {
+            const int64_t k1 = c->K - k0 > c->kb ? k0 + c->kb : c->K;
+            c->k->run(&c->job, m0, m1, n0, n1, k0, k1);
+        }
+    }
+}
+
+/* K block: the whole row when a handful of x rows are in flight (decode: one pass over each W row keeps the
+ * prefetchers streaming), else about MM_X_BLOCK_BYTES of x per block, a multiple of 2*vl. */
+static int64_t pick_kb(const struct mm_kernels *k, int64_t M, int64_t K)
+{
+    if (M <= k->mr)
+        return K;
+    const int64_t rows = M < MM_MB ? M : MM_MB;
+    const int64_t step = 2 * k->vl;
+    int64_t kb = MM_X_BLOCK_BYTES / (rows * (int64_t)sizeof(float)) / step * step;
+    if (kb < 8 * step)
+        kb = 8 * step;
+    return kb + kb / 2 >= K ? K : kb; /* no block shorter than half a block at the end */
+}
+
+berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
+{
+    CPU_OP_BEGIN(be, matmul, p);
+    const struct mm_kernels *k = be->mmk;
+    const int64_t M = cpu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
+    berth_status st = BERTH_OK;
+    if (M == 0 || N == 0)
+        goto out;
+    const int64_t step = 2 * k->vl;
+    const int64_t ldx = (K + step - 1) / step * step; /* keeps every packed row 64-byte aligned for vl >= 8 */
+    const size_t ptr_bytes = ((size_t)M * sizeof(float *) + 63) / 64 * 64;
+    void *scratch;
+    st = cpu_scratch_shared(be, ptr_bytes + (size_t)M * (size_t)ldx * sizeof(float), &scratch);
+    if (st != BERTH_OK)
+        goto out;
+    float **yrows = scratch;
+    float *xp = (float *)((char *)scratch + ptr_bytes);
+    for (int64_t m = 0; m < M; m++) {
+        k->pack_row((const float *)cpu_row(&p->x, m), K, p->w.dtype, xp + m * ldx);
+        yrows[m] = (float *)cpu_row(&p->y, m);
+    }
+    struct mm_ctx c = {
+        .k = k,
+        .job = {.xp = xp, .ldx = ldx, .w = cpu_data(&p->w), .ldw = p->w.nb[1], .wdt = p->w.dtype, .y = yrows,
+                .K = K},
+        .M = M, .N = N, .K = K,
+        .kb = pick_kb(k, M, K),
+        .accumulate = p->accumulate,
+        .bias = p->bias.buf ? cpu_data(&p->bias) : NULL,
+        .bias_dt = p->bias.dtype,
+    };
+    const int max_useful = (int)((N + k->nr - 1) / k->nr);
+    int nth = cpu_threads_for(be, (double)M * (double)N * (double)K, MM_MIN_MACS_PER_THREAD);
+    if (nth > max_useful)
+        nth = max_useful;
+    cpu_pool_run(be->pool, nth, mm_task, &c);
+out:
+    CPU_OP_END(be);
+    return st;
+}

@@ -1,0 +1,195 @@
+/*
+ * norm.c — normalisations over ne[0] of each row, fp32: rms_norm and layer_norm (weight and residual modes)
+ * and gated_rms_norm (Qwen3.5 GDN output norm). Parallel over rows.
+ */
+#include <inttypes.h>
+#include <math.h>
+
+#include "cpu_backend.h"
+#include "simd.h"
+
+/* Checks shared by rms_norm and layer_norm: x/y/residual f32 of one shape, the residual mode. */
+static bool check_norm_common(struct cpu_check *c, const char *op, int32_t resid_mode, const berth_tensor *x,
+                              const berth_tensor *residual, const berth_tensor *y)
+{
+    if (resid_mode < BERTH_RESID_NONE || resid_mode > BERTH_RESID_ADD_BEFORE)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "%s: resid_mode %d is not supported", op, resid_mode);
+    if (!ck_tensor(c, op, "x", x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "y", y, CPU_ACT_DTYPES, true) ||
+        !ck_same_shape(c, op, "y", y, "x", x))
+        return false;
+    if (resid_mode != BERTH_RESID_NONE)
+        return ck_tensor(c, op, "residual", residual, CPU_ACT_DTYPES, resid_mode == BERTH_RESID_ADD_BEFORE) &&
+               ck_same_shape(c, op, "residual", residual, "x", x);
+    return true;
+}
+
+/* A per-feature vector (norm weight or bias) of n elements, any weight dtype. */
+static bool check_feature_vector(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t,
+                                 int64_t n)
+{
+    return ck_tensor(c, op, name, t, CPU_WEIGHT_DTYPES, false) && ck_vector(c, op, name, t, n);
+}
+
+void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const void *w, berth_dtype wdt)
+{
+    const float inv = 1.0f / sqrtf(cpu_sumsq(v, n) / (float)n + eps);
+    if (weight_mode == BERTH_NORM_W)
+        for (int64_t i = 0; i < n; i++)
+            v[i] = v[i] * inv * cpu_load(w, wdt, i);
+    else if (weight_mode == BERTH_NORM_W_ONE_PLUS)
+        for (int64_t i = 0; i < n; i++)
+            v[i] = v[i] * inv * (1.0f + cpu_load(w, wdt, i));
+    else
+        for (int64_t i = 0; i < n; i++)
+            v[i] *= inv;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * rms_norm */
+
+bool cpu_check_rms_norm(struct cpu_check *c, const berth_rms_norm_params *p)
+{
+    static const char op[] = "rms_norm";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rms_norm_params, y)))
+        return false;
+    if (p->weight_mode < BERTH_NORM_W_NONE || p->weight_mode > BERTH_NORM_W_ONE_PLUS)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: weight_mode %d is not supported", p->weight_mode);
+    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
+        return false;
+    if (p->weight_mode != BERTH_NORM_W_NONE)
+        return check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
+    return true;
+}
+
+static void rms_norm_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_rms_norm_params *p = arg;
+    const int64_t n = p->x.ne[0];
+    const void *w = p->weight_mode != BERTH_NORM_W_NONE ? cpu_data(&p->w) : NULL;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)cpu_row(&p->x, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        float *res = p->resid_mode != BERTH_RESID_NONE ? (float *)cpu_row(&p->residual, r) : NULL;
+        const float *src = x;
+        if (p->resid_mode == BERTH_RESID_ADD_BEFORE) {
+            for (int64_t i = 0; i < n; i++)
+                res[i] += x[i];
+            src = res;
+        }
+        const float inv = 1.0f / sqrtf(cpu_sumsq(src, n) / (float)n + p->eps);
+        for (int64_t i = 0; i < n; i++) {
+            float v = src[i] * inv;
+            if (p->weight_mode == BERTH_NORM_W)
+                v *= cpu_load(w, p->w.dtype, i);
+            else if (p->weight_mode == BERTH_NORM_W_ONE_PLUS)
+                v *= 1.0f + cpu_load(w, p->w.dtype, i);
+            y[i] = p->resid_mode == BERTH_RESID_ADD_AFTER ? res[i] + v : v;
+        }
+    }
+}
+
+berth_status cpu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p)
+{
+    CPU_OP_BEGIN(be, rms_norm, p);
+    cpu_parallel_for(be, cpu_nrows(&p->x), 2.0 * (double)p->x.ne[0], rms_norm_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * layer_norm */
+
+bool cpu_check_layer_norm(struct cpu_check *c, const berth_layer_norm_params *p)
+{
+    static const char op[] = "layer_norm";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_layer_norm_params, y)))
+        return false;
+    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
+        return false;
+    if (ck_present(c, &p->w) && !check_feature_vector(c, op, "w", &p->w, p->x.ne[0]))
+        return false;
+    if (ck_present(c, &p->b) && !check_feature_vector(c, op, "b", &p->b, p->x.ne[0]))
+        return false;
+    return true;
+}
+
+static void layer_norm_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_layer_norm_params *p = arg;
+    const int64_t n = p->x.ne[0];
+    const void *w = p->w.buf ? cpu_data(&p->w) : NULL;
+    const void *b = p->b.buf ? cpu_data(&p->b) : NULL;
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)cpu_row(&p->x, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        float *res = p->resid_mode != BERTH_RESID_NONE ? (float *)cpu_row(&p->residual, r) : NULL;
+        const float *src = x;
+        if (p->resid_mode == BERTH_RESID_ADD_BEFORE) {
+            for (int64_t i = 0; i < n; i++)
+                res[i] += x[i];
+            src = res;
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++)
+            sum += src[i];
+        const float mean = sum / (float)n;
+        float var = 0.0f; /* second pass: no cancellation from E[x^2] - E[x]^2 */
+        for (int64_t i = 0; i < n; i++)
+            var += (src[i] - mean) * (src[i] - mean);
+        const float inv = 1.0f / sqrtf(var / (float)n + p->eps);
+        for (int64_t i = 0; i < n; i++) {
+            float v = (src[i] - mean) * inv;
+            if (w)
+                v *= cpu_load(w, p->w.dtype, i);
+            if (b)
+                v += cpu_load(b, p->b.dtype, i);
+            y[i] = p->resid_mode == BERTH_RESID_ADD_AFTER ? res[i] + v : v;
+        }
+    }
+}
+
+berth_status cpu_op_layer_norm(berth_backend *be, berth_stream *s, const berth_layer_norm_params *p)
+{
+    CPU_OP_BEGIN(be, layer_norm, p);
+    cpu_parallel_for(be, cpu_nrows(&p->x), 3.0 * (double)p->x.ne[0], layer_norm_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------------
+ * gated_rms_norm: y = rmsnorm(x) * w * f(z) */
+
+bool cpu_check_gated_rms_norm(struct cpu_check *c, const berth_gated_rms_norm_params *p)
+{
+    static const char op[] = "gated_rms_norm";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_gated_rms_norm_params, y)))
+        return false;
+    if (!cpu_act_valid(p->act))
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "gated_rms_norm: activation %d is not supported", p->act);
+    return ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "z", &p->z, CPU_ACT_DTYPES, false) &&
+           ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) && ck_same_shape(c, op, "z", &p->z, "x", &p->x) &&
+           ck_same_shape(c, op, "y", &p->y, "x", &p->x) && check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
+}
+
+static void gated_rms_norm_range(const void *arg, int64_t r0, int64_t r1)
+{
+    const berth_gated_rms_norm_params *p = arg;
+    const int64_t n = p->x.ne[0];
+    const void *w = cpu_data(&p->w);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = (const float *)cpu_row(&p->x, r);
+        const float *z = (const float *)cpu_row(&p->z, r);
+        float *y = (float *)cpu_row(&p->y, r);
+        const float inv = 1.0f / sqrtf(cpu_sumsq(x, n) / (float)n + p->eps);
+        for (int64_t i = 0; i < n; i++)
+            y[i] = x[i] * inv * cpu_load(w, p->w.dtype, i) * cpu_act(p->act, z[i]);
+    }
+}
+
+berth_status cpu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const berth_gated_rms_norm_params *p)
+{
+    CPU_OP_BEGIN(be, gated_rms_norm, p);
+    cpu_parallel_for(be, cpu_nrows(&p->x), 8.0 * (double)p->x.ne[0], gated_rms_norm_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}

@@ -1,0 +1,99 @@
+/*
+ * rope.c — rotary position embedding (HALF / NeoX and INTERLEAVED / GPT-J pairings, partial: only n_pairs
+ * pairs rotate). The angle is the fp32 product position * freq; cos and sin are computed once per (token,
+ * pair) and shared by every head. Also used by kv_append to rotate K before it is stored.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <string.h>
+
+#include "cpu_backend.h"
+
+bool cpu_check_rope_pairs(struct cpu_check *c, const char *op, int32_t mode, int32_t pair_offset, int32_t n_pairs,
+                          int64_t d)
+{
+    if (mode != BERTH_ROPE_HALF && mode != BERTH_ROPE_INTERLEAVED)
+        return ck_fail(c, BERTH_E_UNSUPPORTED, "%s: rope mode %d is not supported", op, mode);
+    if (n_pairs < 0)
+        return ck_fail(c, BERTH_E_INVALID, "%s: n_pairs %d is negative", op, n_pairs);
+    if (mode == BERTH_ROPE_INTERLEAVED && 2 * (int64_t)n_pairs > d)
+        return ck_fail(c, BERTH_E_INVALID, "%s: %d interleaved pairs need head dim >= %d, got %" PRId64, op, n_pairs,
+                       2 * n_pairs, d);
+    if (mode == BERTH_ROPE_HALF && n_pairs > 0 && (pair_offset < n_pairs || (int64_t)pair_offset + n_pairs > d))
+        return ck_fail(c, BERTH_E_INVALID,
+                       "%s: pair_offset %d with %d pairs needs n_pairs <= pair_offset and pair_offset + n_pairs <= "
+                       "head dim %" PRId64, op, pair_offset, n_pairs, d);
+    return true;
+}
+
+void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs, const float *cs, const float *sn)
+{
+    const int64_t stride = mode == BERTH_ROPE_HALF ? 1 : 2;
+    const int64_t off = mode == BERTH_ROPE_HALF ? pair_offset : 1;
+    for (int32_t j = 0; j < n_pairs; j++) {
+        float *a = v + j * stride, *b = a + off;
+        const float x0 = *a, x1 = *b;
+        *a = x0 * cs[j] - x1 * sn[j];
+        *b = x1 * cs[j] + x0 * sn[j];
+    }
+}
+
+bool cpu_check_rope(struct cpu_check *c, const berth_rope_params *p)
+{
+    static const char op[] = "rope";
+    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rope_params, y)))
+        return false;
+    if (!ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) ||
+        !ck_same_shape(c, op, "y", &p->y, "x", &p->x))
+        return false;
+    if (p->x.ne[3] != 1)
+        return ck_fail(c, BERTH_E_INVALID, "rope: x must be ne {d, heads, T}, got ne[3] = %" PRId64, p->x.ne[3]);
+    if (!cpu_check_rope_pairs(c, op, p->mode, p->pair_offset, p->n_pairs, p->x.ne[0]))
+        return false;
+    if (!ck_tensor(c, op, "positions", &p->positions, CPU_I32, false) ||
+        !ck_vector(c, op, "positions", &p->positions, p->x.ne[2]))
+        return false;
+    if (p->n_pairs > 0)
+        return ck_tensor(c, op, "freqs", &p->freqs, CPU_F32, false) && ck_vector(c, op, "freqs", &p->freqs, p->n_pairs);
+    return true;
+}
+
+#define ROPE_CHUNK 64 /* pairs whose cos/sin are computed at once (stack arrays) */
+
+static void rope_range(const void *arg, int64_t t0, int64_t t1)
+{
+    const berth_rope_params *p = arg;
+    const int64_t d = p->x.ne[0], H = p->x.ne[1];
+    const float *freqs = p->n_pairs > 0 ? (const float *)cpu_data(&p->freqs) : NULL;
+    for (int64_t t = t0; t < t1; t++) {
+        for (int64_t h = 0; h < H; h++) {
+            const float *x = (const float *)(cpu_data(&p->x) + h * p->x.nb[1] + t * p->x.nb[2]);
+            float *y = (float *)(cpu_data(&p->y) + h * p->y.nb[1] + t * p->y.nb[2]);
+            if (x != y)
+                memmove(y, x, (size_t)d * sizeof *y); /* unrotated elements pass through */
+        }
+        const float pos = (float)cpu_i32_at(&p->positions, t);
+        for (int32_t j0 = 0; j0 < p->n_pairs; j0 += ROPE_CHUNK) {
+            float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+            const int32_t nj = p->n_pairs - j0 < ROPE_CHUNK ? p->n_pairs - j0 : ROPE_CHUNK;
+            for (int32_t j = 0; j < nj; j++) {
+                const float a = pos * freqs[j0 + j];
+                cs[j] = cosf(a);
+                sn[j] = sinf(a);
+            }
+            const int64_t first = p->mode == BERTH_ROPE_HALF ? j0 : 2 * (int64_t)j0;
+            for (int64_t h = 0; h < H; h++) {
+                float *y = (float *)(cpu_data(&p->y) + h * p->y.nb[1] + t * p->y.nb[2]);
+                cpu_rope_apply(y + first, p->mode, p->pair_offset, nj, cs, sn);
+            }
+        }
+    }
+}
+
+berth_status cpu_op_rope(berth_backend *be, berth_stream *s, const berth_rope_params *p)
+{
+    CPU_OP_BEGIN(be, rope, p);
+    cpu_parallel_for(be, p->x.ne[2], 2.0 * (double)(p->x.ne[0] * p->x.ne[1]) + 40.0 * p->n_pairs, rope_range, p);
+    CPU_OP_END(be);
+    return BERTH_OK;
+}

@@ -1,0 +1,388 @@
+/*
+ * test_cuda_backend.c — check suite for the CUDA backend plugin, driven through its descriptor like the host.
+ *
+ * Usage: test_cuda_backend probe|gpu PATH/berth-backend-cuda.so
+ *   probe: what must hold on every machine, GPU or not — the .so loads, the descriptor is complete, probe()
+ *          succeeds and, without devices, says why in the exact "0 CUDA devices: <name>: <string>" form, and
+ *          device_info/init refuse with exact messages. Runs in check's fork mode (no CUDA in the parent).
+ *   gpu:   needs a device (exits 77 = skipped otherwise): device info, init, the empty op table, supports(),
+ *          streams, buffers and every transfer, range errors, out-of-memory, destroy with live objects.
+ *          No fork: CUDA must not be used across fork(), so the device check and the tests share one process.
+ */
+#include <berth/backend.h>
+
+#include <check.h>
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <regex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *plugin_path;
+
+/* ---- a minimal host: records the last error and counts log lines ---------------------------------------------- */
+static char last_error[512];
+static berth_status last_code;
+static int n_logs;
+
+static void t_log(berth_host_ctx *ctx, int32_t level, const char *msg)
+{
+    (void)ctx;
+    (void)level;
+    (void)msg;
+    n_logs++;
+}
+
+static void t_set_error(berth_host_ctx *ctx, berth_status code, const char *msg)
+{
+    (void)ctx;
+    last_code = code;
+    snprintf(last_error, sizeof last_error, "%s", msg);
+}
+
+static berth_host test_host(void)
+{
+    berth_host h;
+    memset(&h, 0, sizeof h);
+    h.struct_size = (uint32_t)BERTH_SIZE_TO(berth_host, set_error);
+    h.abi_major = BERTH_ABI_MAJOR;
+    h.abi_minor = BERTH_ABI_MINOR;
+    h.host_version = "test";
+    h.services = BERTH_SVC_LOG;
+    h.log = t_log;
+    h.set_error = t_set_error;
+    return h;
+}
+
+static const berth_plugin_desc *load_desc(void)
+{
+    void *so = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+    ck_assert_msg(so != NULL, "dlopen %s: %s", plugin_path, dlerror());
+    berth_plugin_entry_fn entry = (berth_plugin_entry_fn)dlsym(so, BERTH_PLUGIN_ENTRY_SYMBOL);
+    ck_assert_msg(entry != NULL, "no %s in %s", BERTH_PLUGIN_ENTRY_SYMBOL, plugin_path);
+    const berth_plugin_desc *d = entry(BERTH_ABI_MAJOR, BERTH_ABI_MINOR);
+    ck_assert_ptr_nonnull(d);
+    return d;
+}
+
+static const berth_backend_vtable *load_vt(void)
+{
+    return (const berth_backend_vtable *)load_desc()->vtable;
+}
+
+static int probe_count(const berth_backend_vtable *vt, const berth_host *h, berth_probe_info *pi)
+{
+    memset(pi, 0, sizeof *pi);
+    pi->struct_size = (uint32_t)sizeof *pi;
+    ck_assert_int_eq(vt->probe(h, pi), BERTH_OK);
+    return pi->n_devices;
+}
+
+/* ---- probe suite ---------------------------------------------------------------------------------------------- */
+
+START_TEST(descriptor_is_complete)
+{
+    const berth_plugin_desc *d = load_desc();
+    ck_assert_uint_eq(d->magic, BERTH_PLUGIN_MAGIC);
+    ck_assert_uint_eq(d->struct_size, BERTH_SIZE_TO(berth_plugin_desc, vtable));
+    ck_assert_uint_eq(d->abi_major, BERTH_ABI_MAJOR);
+    ck_assert_uint_eq(d->abi_minor, BERTH_ABI_MINOR);
+    ck_assert_int_eq(d->kind, BERTH_PLUGIN_BACKEND);
+    ck_assert_str_eq(d->name, "cuda");
+    ck_assert_uint_eq(d->required_services, BERTH_SVC_LOG);
+    const berth_backend_vtable *vt = (const berth_backend_vtable *)d->vtable;
+    ck_assert_ptr_nonnull(vt);
+    ck_assert_uint_eq(vt->struct_size, BERTH_SIZE_TO(berth_backend_vtable, buffer_fill));
+    ck_assert(vt->probe && vt->device_info && vt->init && vt->destroy && vt->supports && vt->get_ops);
+    ck_assert(vt->stream_create && vt->stream_destroy && vt->stream_sync);
+    ck_assert(vt->buffer_alloc && vt->buffer_free && vt->buffer_upload && vt->buffer_download);
+    ck_assert(vt->buffer_copy && vt->buffer_fill);
+    /* No WRAP_HOST / HOST_VISIBLE caps, so the optional members stay NULL. */
+    ck_assert_ptr_null(vt->buffer_wrap_host);
+    ck_assert_ptr_null(vt->buffer_host_ptr);
+}
+END_TEST
+
+START_TEST(probe_reports_devices_or_why_not)
+{
+    const berth_backend_vtable *vt = load_vt();
+    berth_host h = test_host();
+    berth_probe_info pi;
+    int n = probe_count(vt, &h, &pi);
+    /* What the runtime itself says, for the exact expected message. */
+    int rt_n = -1;
+    cudaError_t e = cudaGetDeviceCount(&rt_n);
+    if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver) {
+        char want[256];
+        snprintf(want, sizeof want, "0 CUDA devices: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+        ck_assert_int_eq(n, 0);
+        ck_assert_str_eq(pi.message, want);
+    } else {
+        ck_assert_int_eq(e, cudaSuccess);
+        ck_assert_int_eq(n, rt_n);
+        regex_t re;
+        ck_assert_int_eq(regcomp(&re, "^[0-9]+ CUDA devices? \\(runtime [0-9]+\\.[0-9]+, driver [0-9]+\\.[0-9]+\\)$",
+                                 REG_EXTENDED), 0);
+        ck_assert_msg(regexec(&re, pi.message, 0, NULL, 0) == 0, "probe message: %s", pi.message);
+        regfree(&re);
+    }
+}
+END_TEST
+
+START_TEST(probe_writes_only_what_fits)
+{
+    const berth_backend_vtable *vt = load_vt();
+    berth_host h = test_host();
+    berth_probe_info pi;
+    memset(&pi, 'Z', sizeof pi);
+    pi.struct_size = (uint32_t)BERTH_SIZE_TO(berth_probe_info, n_devices); /* an older caller: no message */
+    ck_assert_int_eq(vt->probe(&h, &pi), BERTH_OK);
+    ck_assert_uint_eq(pi.struct_size, BERTH_SIZE_TO(berth_probe_info, n_devices));
+    ck_assert_int_ge(pi.n_devices, 0);
+    for (size_t i = 0; i < sizeof pi.message; i++)
+        ck_assert_int_eq(pi.message[i], 'Z');
+    pi.struct_size = 2; /* cannot even hold n_devices */
+    ck_assert_int_eq(vt->probe(&h, &pi), BERTH_E_ABI);
+    ck_assert_str_eq(last_error, "cuda: probe: out is NULL or its struct_size is too small");
+}
+END_TEST
+
+START_TEST(device_info_rejects_missing_device)
+{
+    const berth_backend_vtable *vt = load_vt();
+    berth_host h = test_host();
+    berth_probe_info pi;
+    int n = probe_count(vt, &h, &pi);
+    berth_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = (uint32_t)sizeof di;
+    ck_assert_int_eq(vt->device_info(&h, n, &di), BERTH_E_NOT_FOUND);
+    char want[128];
+    snprintf(want, sizeof want, "cuda: device_info: device %d does not exist (%d CUDA device%s)", n, n,
+             n == 1 ? "" : "s");
+    ck_assert_str_eq(last_error, want);
+    ck_assert_int_eq(vt->device_info(&h, -1, &di), BERTH_E_NOT_FOUND);
+}
+END_TEST
+
+START_TEST(init_fails_cleanly)
+{
+    const berth_backend_vtable *vt = load_vt();
+    berth_host h = test_host();
+    berth_probe_info pi;
+    int n = probe_count(vt, &h, &pi);
+    berth_backend *be = (berth_backend *)&be; /* must stay untouched on failure */
+    berth_backend *const sentinel = be;
+    if (n == 0) {
+        ck_assert_int_eq(vt->init(&h, 0, &be), BERTH_E_NO_DEVICE);
+        char want[320];
+        snprintf(want, sizeof want, "cuda: init: %s", pi.message);
+        ck_assert_str_eq(last_error, want);
+    } else {
+        ck_assert_int_eq(vt->init(&h, n, &be), BERTH_E_NOT_FOUND);
+        char want[128];
+        snprintf(want, sizeof want, "cuda: init: device %d does not exist (%d CUDA device%s)", n, n,
+                 n == 1 ? "" : "s");
+        ck_assert_str_eq(last_error, want);
+    }
+    ck_assert_ptr_eq(be, sentinel);
+    vt->destroy(NULL); /* accepts NULL */
+}
+END_TEST
+
+/* ---- gpu suite ------------------------------------------------------------------------------------------------ */
+
+static const berth_backend_vtable *g_vt;
+static berth_host g_host;
+static berth_backend *g_be;
+
+static void gpu_setup(void)
+{
+    g_vt = load_vt();
+    g_host = test_host();
+    ck_assert_int_eq(g_vt->init(&g_host, 0, &g_be), BERTH_OK);
+}
+
+static void gpu_teardown(void)
+{
+    g_vt->destroy(g_be);
+    g_be = NULL;
+}
+
+START_TEST(gpu_device_info)
+{
+    berth_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = (uint32_t)sizeof di;
+    ck_assert_int_eq(g_vt->device_info(&g_host, 0, &di), BERTH_OK);
+    struct cudaDeviceProp prop;
+    ck_assert_int_eq(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    char want[160];
+    snprintf(want, sizeof want, "%.100s (sm_%d%d)", prop.name, prop.major, prop.minor);
+    ck_assert_str_eq(di.name, want);
+    ck_assert_int_eq(di.index, 0);
+    ck_assert_uint_eq(di.total_memory, prop.totalGlobalMem);
+    ck_assert_int_eq(di.compute_units, prop.multiProcessorCount);
+    ck_assert_uint_eq(di.caps, BERTH_CAP_ASYNC);
+    ck_assert_uint_eq(di.weight_dtypes, BERTH_DTYPE_BIT(BERTH_DTYPE_F32) | BERTH_DTYPE_BIT(BERTH_DTYPE_BF16) |
+                                            BERTH_DTYPE_BIT(BERTH_DTYPE_F16));
+}
+END_TEST
+
+START_TEST(gpu_no_ops_yet)
+{
+    const berth_ops *ops = g_vt->get_ops(g_be);
+    ck_assert_ptr_nonnull(ops);
+    ck_assert_uint_eq(ops->struct_size, BERTH_SIZE_TO(berth_ops, sample));
+    /* Every op pointer NULL: walk the table as an array of pointers after struct_size. */
+    const char *base = (const char *)ops;
+    for (size_t off = offsetof(berth_ops, matmul); off < BERTH_SIZE_TO(berth_ops, sample); off += sizeof(void *)) {
+        void *p;
+        memcpy(&p, base + off, sizeof p);
+        ck_assert_msg(p == NULL, "op pointer at offset %zu is set", off);
+    }
+    for (int32_t op = 0; op < BERTH_OP_COUNT; op++) {
+        last_error[0] = 0;
+        ck_assert_int_eq(g_vt->supports(g_be, op, NULL), BERTH_E_UNSUPPORTED);
+        ck_assert_str_eq(last_error, "cuda backend: no ops implemented yet");
+    }
+}
+END_TEST
+
+START_TEST(gpu_buffers_round_trip)
+{
+    enum { N = 1 << 20 };
+    berth_stream *s = NULL;
+    berth_buffer *a = NULL, *b = NULL, *st = NULL;
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_ACTIVATIONS, &a), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_KV, &b), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_STAGING, &st), BERTH_OK);
+    unsigned char *src = malloc(N), *dst = malloc(N);
+    ck_assert(src && dst);
+    for (int i = 0; i < N; i++)
+        src[i] = (unsigned char)(i * 7 + 3);
+    ck_assert_int_eq(g_vt->buffer_upload(g_be, s, a, 0, src, N), BERTH_OK);
+    memset(src, 0, N); /* upload has read src by the time it returned */
+    ck_assert_int_eq(g_vt->buffer_copy(g_be, s, b, 0, a, 0, N), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_fill(g_be, s, b, 100, 0xAB, 28), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_copy(g_be, s, st, 0, b, 0, N), BERTH_OK); /* device -> pinned */
+    ck_assert_int_eq(g_vt->buffer_fill(g_be, s, st, 0, 0x11, 4), BERTH_OK);  /* pinned fill keeps order */
+    ck_assert_int_eq(g_vt->buffer_download(g_be, s, st, 0, dst, N), BERTH_OK);
+    ck_assert_int_eq(g_vt->stream_sync(g_be, s), BERTH_OK);
+    for (int i = 0; i < N; i++) {
+        unsigned char want = (unsigned char)(i * 7 + 3);
+        if (i < 4)
+            want = 0x11;
+        else if (i >= 100 && i < 128)
+            want = 0xAB;
+        ck_assert_msg(dst[i] == want, "byte %d: %u != %u", i, dst[i], want);
+    }
+    free(src);
+    free(dst);
+    g_vt->buffer_free(g_be, a);
+    g_vt->buffer_free(g_be, NULL);
+    g_vt->stream_destroy(g_be, s);
+    /* b and st stay alive on purpose: destroy releases them. */
+}
+END_TEST
+
+START_TEST(gpu_range_and_argument_errors)
+{
+    berth_stream *s = NULL;
+    berth_buffer *a = NULL;
+    unsigned char tmp[64] = {0};
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, 64, BERTH_USAGE_WEIGHTS, &a), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_upload(g_be, s, a, 60, tmp, 8), BERTH_E_INVALID);
+    ck_assert_str_eq(last_error, "cuda: buffer_upload: range [60, 60 + 8) is outside the buffer of 64 bytes");
+    ck_assert_int_eq(g_vt->buffer_download(g_be, s, a, UINT64_MAX, tmp, 2), BERTH_E_INVALID);
+    ck_assert_int_eq(g_vt->buffer_fill(g_be, NULL, a, 0, 0, 1), BERTH_E_INVALID);
+    ck_assert_str_eq(last_error, "cuda: buffer_fill: stream is NULL");
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, 8, 99, &a), BERTH_E_INVALID);
+    ck_assert_str_eq(last_error, "cuda: buffer_alloc: unknown usage 99");
+    ck_assert_int_eq(g_vt->buffer_upload(g_be, s, a, 64, tmp, 0), BERTH_OK); /* empty range at the end */
+    ck_assert_int_eq(g_vt->stream_sync(g_be, s), BERTH_OK);
+}
+END_TEST
+
+START_TEST(gpu_out_of_memory_is_reported_and_recoverable)
+{
+    berth_buffer *huge = NULL;
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, 1ull << 50, BERTH_USAGE_WEIGHTS, &huge), BERTH_E_DEVICE_OOM);
+    ck_assert_ptr_null(huge);
+    ck_assert_str_eq(last_error, "cuda device 0: cudaMalloc(1125899906842624 bytes): cudaErrorMemoryAllocation: "
+                                 "out of memory");
+    berth_buffer *small = NULL; /* not sticky: the device keeps working */
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, 4096, BERTH_USAGE_WEIGHTS, &small), BERTH_OK);
+    g_vt->buffer_free(g_be, small);
+}
+END_TEST
+
+START_TEST(gpu_zero_byte_buffer)
+{
+    berth_buffer *z = NULL;
+    berth_stream *s = NULL;
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, 0, BERTH_USAGE_ACTIVATIONS, &z), BERTH_OK);
+    ck_assert_ptr_nonnull(z);
+    ck_assert_int_eq(g_vt->buffer_fill(g_be, s, z, 0, 0, 0), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_fill(g_be, s, z, 0, 0, 1), BERTH_E_INVALID);
+    g_vt->buffer_free(g_be, z);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    if (argc != 3 || (strcmp(argv[1], "probe") != 0 && strcmp(argv[1], "gpu") != 0)) {
+        fprintf(stderr, "usage: %s probe|gpu PATH/berth-backend-cuda.so\n", argv[0]);
+        return 2;
+    }
+    plugin_path = argv[2];
+    Suite *suite = suite_create("cuda_backend");
+    SRunner *sr;
+    if (strcmp(argv[1], "probe") == 0) {
+        TCase *tc = tcase_create("probe");
+        tcase_add_test(tc, descriptor_is_complete);
+        tcase_add_test(tc, probe_reports_devices_or_why_not);
+        tcase_add_test(tc, probe_writes_only_what_fits);
+        tcase_add_test(tc, device_info_rejects_missing_device);
+        tcase_add_test(tc, init_fails_cleanly);
+        suite_add_tcase(suite, tc);
+        sr = srunner_create(suite);
+    } else {
+        /* Decide skip-or-run in this process, then run without fork (CUDA does not survive fork). */
+        void *so = dlopen(plugin_path, RTLD_NOW | RTLD_LOCAL);
+        if (!so) {
+            fprintf(stderr, "dlopen %s: %s\n", plugin_path, dlerror());
+            return 1;
+        }
+        berth_plugin_entry_fn entry = (berth_plugin_entry_fn)dlsym(so, BERTH_PLUGIN_ENTRY_SYMBOL);
+        const berth_backend_vtable *vt = (const berth_backend_vtable *)entry(BERTH_ABI_MAJOR, BERTH_ABI_MINOR)->vtable;
+        berth_host h = test_host();
+        berth_probe_info pi;
+        memset(&pi, 0, sizeof pi);
+        pi.struct_size = (uint32_t)sizeof pi;
+        if (vt->probe(&h, &pi) != BERTH_OK || pi.n_devices == 0) {
+            printf("skipped: %s\n", pi.message);
+            return 77;
+        }
+        TCase *tc = tcase_create("gpu");
+        tcase_add_checked_fixture(tc, gpu_setup, gpu_teardown);
+        tcase_set_timeout(tc, 60);
+        tcase_add_test(tc, gpu_device_info);
+        tcase_add_test(tc, gpu_no_ops_yet);
+        tcase_add_test(tc, gpu_buffers_round_trip);
+        tcase_add_test(tc, gpu_range_and_argument_errors);
+        tcase_add_test(tc, gpu_out_of_memory_is_reported_and_recoverable);
+        tcase_add_test(tc, gpu_zero_byte_buffer);
+        suite_add_tcase(suite, tc);
+        sr = srunner_create(suite);
+        srunner_set_fork_status(sr, CK_NOFORK);
+    }
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

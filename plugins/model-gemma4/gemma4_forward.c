@@ -1,0 +1,530 @@
+/*
+ * gemma4_forward.c — one decoder step of Gemma 4 composed from backend ops (spec gemma4.md §3).
+ *
+ * All activations stay f32 in one scratch buffer laid out for max_batch_tokens rows; nothing here touches
+ * activation memory directly (the backend may be a GPU). The same code runs in a recording mode, where each op
+ * call is collected as a requirement instead of executed (see gemma4_requirements.c).
+ *
+ * Per layer (§3.3): input norm -> q proj -> q norm + RoPE -> [owners: k/v proj, then kv_append with K norm +
+ * RoPE and the weightless V norm] -> attention over the cache (scale 1, causal, window on sliding layers; shared layers read
+ * their source's cache) -> o proj -> post-attention norm added to the residual -> pre-FF norm -> gate/up ->
+ * GELU-tanh GLU -> down -> post-FF norm added -> PLE block -> * layer_scalar. The residual stream ping-pongs
+ * between two buffers because the norm ops only promise y may alias x, not the residual.
+ */
+#include "gemma4_model.h"
+#include "gemma4_util.h"
+
+#include <math.h>
+#include <string.h>
+
+#define G4_ALIGN 256u
+
+struct g4_step {
+    berth_model *m;
+    berth_stream *s;
+    const berth_batch *b;
+    int record;                /* collect requirements instead of running */
+    berth_buffer *buf;         /* scratch buffer (NULL when recording) */
+    const struct g4_scratch *sc;
+    int64_t T;                 /* tokens in the step */
+    int cur;                   /* which of sc->x holds the residual stream */
+};
+
+/* --- dispatch ---------------------------------------------------------------------------------------------- */
+
+static berth_status run(struct g4_step *st, int32_t op, const void *p, const char *site)
+{
+    berth_model *m = st->m;
+    if (st->record)
+        return g4_req_record(m, op, p, site);
+    const berth_ops *o = m->be->ops;
+    berth_backend *be = m->be->be;
+#define G4_CALL(field, type)                                                                                    \
+    if (!o || !BERTH_HAS(o, berth_ops, field) || !o->field)                                                     \
+        return g4_fail(m->host, BERTH_E_UNSUPPORTED, "gemma4: the backend has no " #field " op (needed for %s)", \
+                       site);                                                                                   \
+    return o->field(be, st->s, (const type *)p)
+    switch (op) {
+    case BERTH_OP_MATMUL: G4_CALL(matmul, berth_matmul_params);
+    case BERTH_OP_GET_ROWS: G4_CALL(get_rows, berth_get_rows_params);
+    case BERTH_OP_RMS_NORM: G4_CALL(rms_norm, berth_rms_norm_params);
+    case BERTH_OP_ROPE: G4_CALL(rope, berth_rope_params);
+    case BERTH_OP_UNARY: G4_CALL(unary, berth_unary_params);
+    case BERTH_OP_GLU: G4_CALL(glu, berth_glu_params);
+    case BERTH_OP_KV_APPEND: G4_CALL(kv_append, berth_kv_append_params);
+    case BERTH_OP_ATTENTION: G4_CALL(attention, berth_attention_params);
+    default: return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: unexpected op %d", (int)op);
+    }
+#undef G4_CALL
+}
+
+static berth_tensor act(const struct g4_step *st, uint64_t off, int64_t ne0, int64_t ne1, int64_t ne2)
+{
+    return g4_f32(st->buf, off, ne0, ne1, ne2);
+}
+
+static berth_status op_matmul(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                              const char *site)
+{
+    berth_matmul_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.x = x;
+    p.w = *w;
+    p.y = y;
+    return run(st, BERTH_OP_MATMUL, &p, site);
+}
+
+static berth_status op_get_rows(struct g4_step *st, const berth_tensor *table, berth_tensor ids, berth_tensor y,
+                                float scale, const char *site)
+{
+    berth_get_rows_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.scale = scale;
+    p.table = *table;
+    p.ids = ids;
+    p.y = y;
+    return run(st, BERTH_OP_GET_ROWS, &p, site);
+}
+
+/* y = [residual +] RMSNorm(x) * w. */
+static berth_status op_rms(struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
+                           berth_tensor y, const char *site)
+{
+    berth_rms_norm_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.weight_mode = BERTH_NORM_W;
+    p.resid_mode = residual ? BERTH_RESID_ADD_AFTER : BERTH_RESID_NONE;
+    p.eps = (float)st->m->cfg->eps;
+    p.x = x;
+    p.w = *w;
+    if (residual)
+        p.residual = *residual;
+    p.y = y;
+    return run(st, BERTH_OP_RMS_NORM, &p, site);
+}
+
+/* x = out_scale * f(in_scale * x), in place. */
+static berth_status op_unary(struct g4_step *st, berth_tensor x, int32_t fn, float in_scale, float out_scale,
+                             const char *site)
+{
+    berth_unary_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.act = fn;
+    p.in_scale = in_scale;
+    p.out_scale = out_scale;
+    p.x = x;
+    p.y = x;
+    return run(st, BERTH_OP_UNARY, &p, site);
+}
+
+/* gate = gelu_tanh(gate) * up, in place. */
+static berth_status op_geglu(struct g4_step *st, berth_tensor gate, berth_tensor up, const char *site)
+{
+    berth_glu_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.act = BERTH_ACT_GELU_TANH;
+    p.gate = gate;
+    p.up = up;
+    p.y = gate;
+    return run(st, BERTH_OP_GLU, &p, site);
+}
+
+static berth_tensor rope_table(const struct g4_step *st, int type)
+{
+    const berth_model *m = st->m;
+    return g4_f32(m->const_buf, m->rope_off[type], m->rope_pairs[type], 1, 1);
+}
+
+/* Cache of layer `index` inside group g. */
+static berth_kv_view layer_view(const berth_kv_group_batch *g, int index)
+{
+    berth_kv_view v = g->pool;
+    v.k_offset += (uint64_t)index * g->layer_stride;
+    v.v_offset += (uint64_t)index * g->layer_stride;
+    return v;
+}
+
+/* --- embeddings and per-layer inputs (§3.2) ---------------------------------------------------------------- */
+
+static berth_status embed(struct g4_step *st)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    const struct g4_scratch *sc = st->sc;
+    const int64_t T = st->T, D = c->hidden, Dp = c->ple_dim, LDp = (int64_t)c->n_layers * c->ple_dim;
+    berth_status r;
+
+    /* e = E[x] * sqrt(D), the scale in fp32 (fp32 references; a bf16 table is upcast exactly). */
+    berth_tensor x0 = act(st, sc->x[0], D, T, 1);
+    st->cur = 0;
+    if ((r = op_get_rows(st, &m->w.embed, st->b->tokens, x0, (float)sqrt((double)D), "embed_tokens")) != BERTH_OK)
+        return r;
+    if (Dp == 0)
+        return BERTH_OK;
+
+    /* ple = (RMSNorm((P e) * D^-1/2; w_pln) + E_ple[x] * sqrt(Dp)) * 2^-1/2, per [L, Dp] slice. */
+    berth_tensor pa = act(st, sc->ple_a, LDp, T, 1), pl = act(st, sc->ple, LDp, T, 1);
+    berth_tensor pa_rows = act(st, sc->ple_a, Dp, c->n_layers * T, 1);
+    berth_tensor pl_rows = act(st, sc->ple, Dp, c->n_layers * T, 1);
+    if ((r = op_get_rows(st, &m->w.ple_embed, st->b->tokens, pa, (float)sqrt((double)Dp),
+                         "embed_tokens_per_layer")) != BERTH_OK ||
+        (r = op_matmul(st, x0, &m->w.ple_model_proj, pl, "per_layer_model_projection")) != BERTH_OK ||
+        (r = op_unary(st, pl, BERTH_ACT_IDENTITY, 1.0f, (float)pow((double)D, -0.5),
+                      "per_layer_model_projection scale")) != BERTH_OK ||
+        (r = op_rms(st, pl_rows, &m->w.ple_proj_norm, &pa_rows, pl_rows, "per_layer_projection_norm")) != BERTH_OK ||
+        (r = op_unary(st, pl, BERTH_ACT_IDENTITY, 1.0f, (float)pow(2.0, -0.5), "per_layer_input scale")) != BERTH_OK)
+        return r;
+    return BERTH_OK;
+}
+
+/* --- one decoder layer (§3.3) ------------------------------------------------------------------------------ */
+
+static berth_status attention_block(struct g4_step *st, int i)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    const struct g4_layer *ly = &c->layers[i];
+    const struct g4_layer_weights *lw = &m->w.layers[i];
+    const struct g4_scratch *sc = st->sc;
+    const berth_batch *b = st->b;
+    const berth_kv_group_batch *g = &b->kv[ly->kv_group];
+    const int64_t T = st->T, D = c->hidden, H = c->n_heads, hd = ly->head_dim, K = ly->n_kv_heads;
+    const int pairs = m->rope_pairs[ly->type];
+    const berth_kv_view cache = layer_view(g, ly->kv_index);
+    berth_status r;
+
+    berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
+    berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
+    berth_tensor q = act(st, sc->q, hd, H, T), att = act(st, sc->att, hd, H, T);
+
+    if ((r = op_rms(st, xin, &lw->input_norm, NULL, u, "input_layernorm")) != BERTH_OK ||
+        (r = op_matmul(st, u, &lw->q_proj, act(st, sc->q, H * hd, T, 1), "q_proj")) != BERTH_OK ||
+        (r = op_rms(st, q, &lw->q_norm, NULL, q, "q_norm")) != BERTH_OK)
+        return r;
+    if (pairs > 0) {
+        berth_rope_params p;
+        memset(&p, 0, sizeof p);
+        p.struct_size = sizeof p;
+        p.mode = BERTH_ROPE_HALF;
+        p.pair_offset = (int32_t)(hd / 2);
+        p.n_pairs = pairs;
+        p.x = q;
+        p.positions = b->positions;
+        p.freqs = rope_table(st, ly->type);
+        p.y = q;
+        if ((r = run(st, BERTH_OP_ROPE, &p, ly->type == G4_FULL ? "q (full layers)" : "q (sliding layers)")) !=
+            BERTH_OK)
+            return r;
+    }
+
+    if (!ly->kv_shared) {
+        const berth_tensor k = act(st, sc->k, hd, K, T), v = act(st, sc->v, hd, K, T);
+        if ((r = op_matmul(st, u, &lw->k_proj, act(st, sc->k, K * hd, T, 1), "k_proj")) != BERTH_OK)
+            return r;
+        /* With attention_k_eq_v (full layers) V is the raw K projection (before k_norm and RoPE). */
+        if (!ly->v_from_k &&
+            (r = op_matmul(st, u, &lw->v_proj, act(st, sc->v, K * hd, T, 1), "v_proj")) != BERTH_OK)
+            return r;
+        berth_kv_append_params p;
+        memset(&p, 0, sizeof p);
+        p.struct_size = sizeof p;
+        p.k_norm_mode = BERTH_NORM_W;
+        /* v_norm is a weightless RMSNorm: mode W with a vector of ones is exact (x * inv * 1.0f) and cannot be
+         * misread, whereas kv_append's mode 0 reads both as "no weight" and as "no norm" (plain scatter). */
+        p.v_norm_mode = BERTH_NORM_W;
+        p.eps = (float)c->eps;
+        p.rope_mode = BERTH_ROPE_HALF;
+        p.rope_pair_offset = (int32_t)(hd / 2);
+        p.rope_n_pairs = pairs;
+        p.k = k;
+        p.v = ly->v_from_k ? k : v;
+        p.slots = g->slots;
+        p.k_norm = lw->k_norm;
+        p.v_norm = g4_f32(m->const_buf, m->ones_off, hd, 1, 1);
+        if (pairs > 0) {
+            p.positions = b->positions;
+            p.rope_freqs = rope_table(st, ly->type);
+        }
+        p.kv = cache;
+        if ((r = run(st, BERTH_OP_KV_APPEND, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) !=
+            BERTH_OK)
+            return r;
+    }
+
+    berth_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.mask = BERTH_MASK_CAUSAL;
+    p.window = ly->type == G4_SLIDING ? c->window : 0;
+    p.scale = 1.0f; /* q_norm/k_norm replace 1/sqrt(hd) */
+    p.softcap = 0.0f;
+    p.n_seqs = b->n_seqs;
+    p.max_q_len = b->max_q_len;
+    p.max_kv_len = b->max_kv_len;
+    p.q = q;
+    p.out = att;
+    p.positions = b->positions;
+    p.seq_q_start = b->seq_q_start;
+    p.seq_kv_len = b->seq_kv_len;
+    p.block_table = g->block_table;
+    p.kv = cache;
+    if ((r = run(st, BERTH_OP_ATTENTION, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) != BERTH_OK ||
+        (r = op_matmul(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, "o_proj")) != BERTH_OK ||
+        (r = op_rms(st, a, &lw->post_attn_norm, &xin, xout, "post_attention_layernorm")) != BERTH_OK)
+        return r;
+    st->cur = 1 - st->cur;
+    return BERTH_OK;
+}
+
+static berth_status mlp_block(struct g4_step *st, int i)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    const struct g4_layer_weights *lw = &m->w.layers[i];
+    const struct g4_scratch *sc = st->sc;
+    const int64_t T = st->T, D = c->hidden, I = c->layers[i].mlp_width;
+    berth_status r;
+
+    berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
+    berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
+    berth_tensor gate = act(st, sc->gate, I, T, 1), up = act(st, sc->up, I, T, 1);
+    if ((r = op_rms(st, xin, &lw->pre_ff_norm, NULL, u, "pre_feedforward_layernorm")) != BERTH_OK ||
+        (r = op_matmul(st, u, &lw->gate_proj, gate, "mlp.gate_proj")) != BERTH_OK ||
+        (r = op_matmul(st, u, &lw->up_proj, up, "mlp.up_proj")) != BERTH_OK ||
+        (r = op_geglu(st, gate, up, "mlp")) != BERTH_OK ||
+        (r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK ||
+        (r = op_rms(st, a, &lw->post_ff_norm, &xin, xout, "post_feedforward_layernorm")) != BERTH_OK)
+        return r;
+    st->cur = 1 - st->cur;
+    return BERTH_OK;
+}
+
+/* h += RMSNorm(Wproj (gelu(Wgate h) * ple_i); post_per_layer_input_norm) */
+static berth_status ple_block(struct g4_step *st, int i)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    const struct g4_layer_weights *lw = &m->w.layers[i];
+    const struct g4_scratch *sc = st->sc;
+    const int64_t T = st->T, D = c->hidden, Dp = c->ple_dim, LDp = (int64_t)c->n_layers * c->ple_dim;
+    berth_status r;
+
+    berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
+    berth_tensor a = act(st, sc->a, D, T, 1), pg = act(st, sc->pg, Dp, T, 1);
+    /* Layer i's slice of the per-layer inputs: rows of Dp, L*Dp apart. */
+    berth_tensor ple_i = act(st, sc->ple + (uint64_t)i * (uint64_t)Dp * 4u, Dp, T, 1);
+    ple_i.nb[1] = LDp * 4;
+    ple_i.nb[2] = ple_i.nb[3] = ple_i.nb[1] * T;
+    if ((r = op_matmul(st, xin, &lw->ple_gate, pg, "per_layer_input_gate")) != BERTH_OK ||
+        (r = op_geglu(st, pg, ple_i, "per_layer_input")) != BERTH_OK ||
+        (r = op_matmul(st, pg, &lw->ple_proj, a, "per_layer_projection")) != BERTH_OK ||
+        (r = op_rms(st, a, &lw->ple_post_norm, &xin, xout, "post_per_layer_input_norm")) != BERTH_OK)
+        return r;
+    st->cur = 1 - st->cur;
+    return BERTH_OK;
+}
+
+static berth_status head(struct g4_step *st)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    const berth_batch *b = st->b;
+    const int64_t T = st->T, D = c->hidden, n = b->n_logits;
+    berth_status r;
+    if (n == 0)
+        return BERTH_OK;
+    /* Gather the wanted rows first: the norm is per row, so the LM head only runs on them. */
+    berth_tensor x = act(st, st->sc->x[st->cur], D, T, 1), z = act(st, st->sc->u, D, n, 1);
+    if ((r = op_get_rows(st, &x, b->logit_rows, z, 1.0f, "logit rows")) != BERTH_OK ||
+        (r = op_rms(st, z, &m->w.final_norm, NULL, z, "norm")) != BERTH_OK ||
+        (r = op_matmul(st, z, &m->w.lm_head, b->logits, c->tied ? "lm_head (tied to embed_tokens)" : "lm_head")) !=
+            BERTH_OK)
+        return r;
+    if (c->softcap > 0.0)
+        return op_unary(st, b->logits, BERTH_ACT_TANH, (float)(1.0 / c->softcap), (float)c->softcap,
+                        "final_logit_softcapping");
+    return BERTH_OK;
+}
+
+static berth_status run_step(struct g4_step *st)
+{
+    const berth_model *m = st->m;
+    const struct g4_config *c = m->cfg;
+    berth_status r = embed(st);
+    for (int i = 0; r == BERTH_OK && i < c->n_layers; i++) {
+        if ((r = attention_block(st, i)) != BERTH_OK || (r = mlp_block(st, i)) != BERTH_OK)
+            break;
+        if (c->ple_dim > 0 && (r = ple_block(st, i)) != BERTH_OK)
+            break;
+        /* layer_scalar multiplies the whole hidden state; 1.0 is skipped when running (exact no-op) but always
+         * recorded, since the values are only known after load. */
+        float s = m->w.layers[i].layer_scalar;
+        if (st->record || s != 1.0f)
+            r = op_unary(st, act(st, st->sc->x[st->cur], c->hidden, st->T, 1), BERTH_ACT_IDENTITY, 1.0f, s,
+                         "layer_scalar");
+    }
+    if (r == BERTH_OK)
+        r = head(st);
+    return r;
+}
+
+/* --- scratch, requirements, forward ------------------------------------------------------------------------ */
+
+static uint64_t take(uint64_t *at, uint64_t elems)
+{
+    uint64_t off = *at;
+    *at += (elems * 4u + G4_ALIGN - 1) / G4_ALIGN * G4_ALIGN;
+    return off;
+}
+
+static void scratch_layout(const struct g4_config *c, int64_t T, struct g4_scratch *sc)
+{
+    int64_t qmax = 0, kvmax = 0, imax = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        const struct g4_layer *ly = &c->layers[i];
+        int64_t qw = (int64_t)c->n_heads * ly->head_dim, kw = (int64_t)ly->n_kv_heads * ly->head_dim;
+        qmax = qw > qmax ? qw : qmax;
+        kvmax = !ly->kv_shared && kw > kvmax ? kw : kvmax;
+        imax = ly->mlp_width > imax ? ly->mlp_width : imax;
+    }
+    const uint64_t t = (uint64_t)T, D = (uint64_t)c->hidden, LDp = (uint64_t)c->n_layers * (uint64_t)c->ple_dim;
+    uint64_t at = 0;
+    memset(sc, 0, sizeof *sc);
+    sc->x[0] = take(&at, D * t);
+    sc->x[1] = take(&at, D * t);
+    sc->u = take(&at, D * t);
+    sc->a = take(&at, D * t);
+    sc->q = take(&at, (uint64_t)qmax * t);
+    sc->att = take(&at, (uint64_t)qmax * t);
+    sc->k = take(&at, (uint64_t)kvmax * t);
+    sc->v = take(&at, (uint64_t)kvmax * t);
+    sc->gate = take(&at, (uint64_t)imax * t);
+    sc->up = take(&at, (uint64_t)imax * t);
+    if (c->ple_dim > 0) {
+        sc->ple_a = take(&at, LDp * t);
+        sc->ple = take(&at, LDp * t);
+        sc->pg = take(&at, (uint64_t)c->ple_dim * t);
+    }
+    sc->bytes = at;
+}
+
+berth_status g4_scratch_alloc(berth_model *m, int max_tokens)
+{
+    scratch_layout(m->cfg, max_tokens, &m->scratch);
+    berth_status r = m->be->vt->buffer_alloc(m->be->be, m->scratch.bytes, BERTH_USAGE_ACTIVATIONS, &m->scratch_buf);
+    if (r != BERTH_OK)
+        return r;
+    m->max_tokens = max_tokens;
+    return BERTH_OK;
+}
+
+berth_status g4_requirements_build(berth_model *m)
+{
+    const struct g4_config *c = m->cfg;
+    berth_batch b;
+    berth_kv_group_batch kv[G4_N_TYPES];
+    struct g4_scratch sc;
+    memset(&b, 0, sizeof b);
+    memset(kv, 0, sizeof kv);
+    memset(&sc, 0, sizeof sc);
+
+    /* A one-token, one-sequence batch: only dtypes and shapes matter to supports(). The KV views describe the
+     * geometry of each group; the cache dtype is the host's choice at load, f32 is assumed here. */
+    b.struct_size = sizeof b;
+    b.n_tokens = b.n_seqs = b.n_logits = b.max_q_len = b.max_kv_len = 1;
+    b.tokens = g4_view(NULL, 0, BERTH_DTYPE_I32, 1, 1, 1);
+    b.positions = b.tokens;
+    b.seq_q_start = g4_view(NULL, 0, BERTH_DTYPE_I32, 2, 1, 1);
+    b.seq_kv_len = b.tokens;
+    b.logit_rows = b.tokens;
+    for (int g = 0; g < c->n_kv_groups; g++) {
+        const int t = c->group_type[g];
+        berth_kv_view *v = &kv[g].pool;
+        v->dtype = BERTH_DTYPE_F32;
+        v->block_size = 16;
+        v->n_blocks = 1;
+        v->n_kv_heads = c->type_kv_heads[t];
+        v->head_dim = v->head_dim_v = c->type_head_dim[t];
+        v->head_stride = (uint64_t)v->head_dim * 4u;
+        v->token_stride = (uint64_t)v->n_kv_heads * v->head_stride;
+        kv[g].layer_stride = 2u * (uint64_t)v->block_size * v->token_stride;
+        v->block_stride = (uint64_t)c->group_layers[g] * kv[g].layer_stride;
+        v->v_offset = (uint64_t)v->block_size * v->token_stride;
+        kv[g].block_table = g4_view(NULL, 0, BERTH_DTYPE_I32, 1, 1, 1);
+        kv[g].slots = b.tokens;
+    }
+    b.n_kv_groups = c->n_kv_groups;
+    b.kv = kv;
+    b.logits = g4_f32(NULL, 0, c->vocab, 1, 1);
+
+    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0};
+    return run_step(&st);
+}
+
+static berth_status check_batch(const berth_model *m, const berth_batch *b)
+{
+    const berth_host *h = m->host;
+    const struct g4_config *c = m->cfg;
+    if (!b || b->struct_size < BERTH_SIZE_TO(berth_batch, logits))
+        return g4_fail(h, BERTH_E_ABI, "gemma4: forward batch struct is too small");
+    const int T = b->n_tokens;
+    if (T < 1 || T > m->max_tokens)
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch of %d tokens (max_batch_tokens is %d)", T, m->max_tokens);
+    if (b->n_seqs < 1 || b->n_seqs > T || b->n_logits < 0 || b->n_logits > T)
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch has %d sequences and %d logit rows for %d tokens", b->n_seqs,
+                       b->n_logits, T);
+    if (b->n_kv_groups != c->n_kv_groups || (c->n_kv_groups > 0 && !b->kv))
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch has %d KV groups, the model declared %d", b->n_kv_groups,
+                       c->n_kv_groups);
+    if (!b->h_tokens || !b->h_positions || !b->h_seq_q_start || (b->n_logits > 0 && !b->h_logit_rows))
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch lacks its host copies (h_tokens, h_positions, ...)");
+    for (int t = 0; t < T; t++) {
+        int32_t id = b->h_tokens[t];
+        if (id < 0 || id >= c->vocab || (c->ple_dim > 0 && id >= c->ple_vocab))
+            return g4_fail(h, BERTH_E_INVALID, "gemma4: token id %d at batch row %d is outside the vocabulary (%d)",
+                           (int)id, t, c->ple_dim > 0 && c->ple_vocab < c->vocab ? c->ple_vocab : c->vocab);
+        if (b->h_positions[t] < 0)
+            return g4_fail(h, BERTH_E_INVALID, "gemma4: negative position %d at batch row %d", (int)b->h_positions[t],
+                           t);
+    }
+    if (b->h_seq_q_start[0] != 0 || b->h_seq_q_start[b->n_seqs] != T)
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: seq_q_start must run from 0 to n_tokens = %d", T);
+    for (int s = 0; s < b->n_seqs; s++)
+        if (b->h_seq_q_start[s + 1] <= b->h_seq_q_start[s])
+            return g4_fail(h, BERTH_E_INVALID, "gemma4: sequence %d of the batch has no new tokens", s);
+    for (int r = 0; r < b->n_logits; r++)
+        if (b->h_logit_rows[r] < 0 || b->h_logit_rows[r] >= T)
+            return g4_fail(h, BERTH_E_INVALID, "gemma4: logit row %d names token %d of a %d-token batch", r,
+                           (int)b->h_logit_rows[r], T);
+    return BERTH_OK;
+}
+
+berth_status g4_forward(berth_model *m, berth_stream *s, const berth_batch *b)
+{
+    if (!m->loaded)
+        return g4_fail(m->host, BERTH_E_INVALID, "gemma4: forward called before load");
+    berth_status r = check_batch(m, b);
+    if (r != BERTH_OK)
+        return r;
+    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0};
+    if ((r = run_step(&st)) != BERTH_OK)
+        return r;
+
+    /* Counters: a sequence stepping one token at a position > 0 is a decode step; every other sequence's new
+     * tokens (prompt chunks, and a one-token prompt at position 0) count as prefill tokens. */
+    m->n_forward_calls++;
+    m->n_logit_rows += b->n_logits;
+    for (int q = 0; q < b->n_seqs; q++) {
+        int32_t start = b->h_seq_q_start[q], n = b->h_seq_q_start[q + 1] - start;
+        if (n == 1 && b->h_positions[start] > 0)
+            m->n_decode_steps++;
+        else
+            m->n_prefill_tokens += n;
+    }
+    return BERTH_OK;
+}

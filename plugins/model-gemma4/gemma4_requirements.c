@@ -1,0 +1,240 @@
+/*
+ * gemma4_requirements.c — the requirement list (model.h requirements()).
+ *
+ * The list is produced by running forward() once in recording mode (gemma4_forward.c): every op call is handed
+ * here instead of to a backend, reduced to what supports() looks at (buffers NULL, offsets 0, packed strides;
+ * absent optional tensors stay all-zero) and kept if no equal call was recorded before. So the list is exactly
+ * the set of distinct op + parameter combinations forward() issues, never a hand-kept copy of it.
+ */
+#include "gemma4_model.h"
+#include "gemma4_util.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void canon_tensor(berth_tensor *t)
+{
+    if (t->ne[0] == 0 && t->ne[1] == 0 && t->ne[2] == 0 && t->ne[3] == 0) {
+        memset(t, 0, sizeof *t); /* absent */
+        return;
+    }
+    t->buf = NULL;
+    t->offset = 0;
+    g4_pack_strides(t);
+}
+
+static void canon_kv(berth_kv_view *v)
+{
+    v->k_buf = v->v_buf = NULL;
+    v->k_offset = v->v_offset = 0;
+}
+
+static size_t params_size(int32_t op)
+{
+    switch (op) {
+    case BERTH_OP_MATMUL: return sizeof(berth_matmul_params);
+    case BERTH_OP_GET_ROWS: return sizeof(berth_get_rows_params);
+    case BERTH_OP_RMS_NORM: return sizeof(berth_rms_norm_params);
+    case BERTH_OP_ROPE: return sizeof(berth_rope_params);
+    case BERTH_OP_UNARY: return sizeof(berth_unary_params);
+    case BERTH_OP_GLU: return sizeof(berth_glu_params);
+    case BERTH_OP_KV_APPEND: return sizeof(berth_kv_append_params);
+    case BERTH_OP_ATTENTION: return sizeof(berth_attention_params);
+    default: return 0;
+    }
+}
+
+static void canon(int32_t op, void *p)
+{
+    switch (op) {
+    case BERTH_OP_MATMUL: {
+        berth_matmul_params *q = p;
+        canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->bias), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_GET_ROWS: {
+        berth_get_rows_params *q = p;
+        canon_tensor(&q->table), canon_tensor(&q->ids), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_RMS_NORM: {
+        berth_rms_norm_params *q = p;
+        canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->residual), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_ROPE: {
+        berth_rope_params *q = p;
+        canon_tensor(&q->x), canon_tensor(&q->positions), canon_tensor(&q->freqs), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_UNARY: {
+        berth_unary_params *q = p;
+        canon_tensor(&q->x), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_GLU: {
+        berth_glu_params *q = p;
+        canon_tensor(&q->gate), canon_tensor(&q->up), canon_tensor(&q->y);
+        break;
+    }
+    case BERTH_OP_KV_APPEND: {
+        berth_kv_append_params *q = p;
+        canon_tensor(&q->k), canon_tensor(&q->v), canon_tensor(&q->slots), canon_tensor(&q->k_norm);
+        canon_tensor(&q->v_norm), canon_tensor(&q->positions), canon_tensor(&q->rope_freqs);
+        canon_kv(&q->kv);
+        break;
+    }
+    case BERTH_OP_ATTENTION: {
+        berth_attention_params *q = p;
+        canon_tensor(&q->q), canon_tensor(&q->out), canon_tensor(&q->gate), canon_tensor(&q->positions);
+        canon_tensor(&q->seq_q_start), canon_tensor(&q->seq_kv_len), canon_tensor(&q->block_table);
+        canon_kv(&q->kv);
+        break;
+    }
+    default: break;
+    }
+}
+
+static const char *act_name(int32_t act)
+{
+    switch (act) {
+    case BERTH_ACT_IDENTITY: return "scale";
+    case BERTH_ACT_GELU_TANH: return "gelu_tanh";
+    case BERTH_ACT_TANH: return "tanh softcap";
+    default: return "activation";
+    }
+}
+
+static const char *norm_name(int32_t mode)
+{
+    return mode == BERTH_NORM_W ? "weight" : mode == BERTH_NORM_W_ONE_PLUS ? "1+weight" : "no weight";
+}
+
+/* A sentence for error messages: "matmul q_proj (bf16 weight [2048, 1536])". */
+static void describe(int32_t op, const void *p, const char *site, char *out, size_t n)
+{
+    switch (op) {
+    case BERTH_OP_MATMUL: {
+        const berth_matmul_params *q = p;
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations)", site, g4_dtype_name(q->w.dtype),
+                 (long long)q->w.ne[1], (long long)q->w.ne[0]);
+        break;
+    }
+    case BERTH_OP_GET_ROWS: {
+        const berth_get_rows_params *q = p;
+        snprintf(out, n, "get_rows %s (%s table [%lld, %lld])", site, g4_dtype_name(q->table.dtype),
+                 (long long)q->table.ne[1], (long long)q->table.ne[0]);
+        break;
+    }
+    case BERTH_OP_RMS_NORM: {
+        const berth_rms_norm_params *q = p;
+        char wdesc[48];
+        if (q->weight_mode == BERTH_NORM_W_NONE)
+            snprintf(wdesc, sizeof wdesc, "no weight");
+        else
+            snprintf(wdesc, sizeof wdesc, "%s %s", g4_dtype_name(q->w.dtype), norm_name(q->weight_mode));
+        snprintf(out, n, "rms_norm %s (rows of %lld, %s%s)", site, (long long)q->x.ne[0], wdesc,
+                 q->resid_mode == BERTH_RESID_ADD_AFTER ? ", residual added after" : "");
+        break;
+    }
+    case BERTH_OP_ROPE: {
+        const berth_rope_params *q = p;
+        snprintf(out, n, "rope %s (head_dim %lld, half split at %d, %d rotated pairs)", site, (long long)q->x.ne[0],
+                 q->pair_offset, q->n_pairs);
+        break;
+    }
+    case BERTH_OP_UNARY: {
+        const berth_unary_params *q = p;
+        snprintf(out, n, "unary %s (%s)", site, act_name(q->act));
+        break;
+    }
+    case BERTH_OP_GLU: {
+        const berth_glu_params *q = p;
+        snprintf(out, n, "glu %s (%s)", site, act_name(q->act));
+        break;
+    }
+    case BERTH_OP_KV_APPEND: {
+        const berth_kv_append_params *q = p;
+        snprintf(out, n, "kv_append %s (head_dim %d, %d kv heads, K norm %s, RoPE half %d pairs, %s cache)", site,
+                 q->kv.head_dim, q->kv.n_kv_heads, norm_name(q->k_norm_mode), q->rope_n_pairs,
+                 g4_dtype_name(q->kv.dtype));
+        break;
+    }
+    case BERTH_OP_ATTENTION: {
+        const berth_attention_params *q = p;
+        snprintf(out, n, "attention %s (head_dim %d, %lld heads / %d kv heads, causal, window %d, scale %g, %s cache)",
+                 site, q->kv.head_dim, (long long)q->q.ne[1], q->kv.n_kv_heads, q->window, (double)q->scale,
+                 g4_dtype_name(q->kv.dtype));
+        break;
+    }
+    default: snprintf(out, n, "op %d %s", (int)op, site); break;
+    }
+}
+
+berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const char *site)
+{
+    size_t sz = params_size(op);
+    if (sz == 0)
+        return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: recording unknown op %d", (int)op);
+    void *copy = malloc(sz);
+    if (!copy)
+        return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
+    memcpy(copy, params, sz);
+    canon(op, copy);
+    for (int i = 0; i < m->n_reqs; i++) {
+        if (m->reqs[i].op == op && memcmp(m->req_params[i], copy, sz) == 0) {
+            free(copy);
+            return BERTH_OK;
+        }
+    }
+    if (m->n_reqs == m->cap_reqs) {
+        int ncap = m->cap_reqs ? 2 * m->cap_reqs : 32;
+        berth_requirement *r = realloc(m->reqs, (size_t)ncap * sizeof *r);
+        if (r)
+            m->reqs = r;
+        void **pp = r ? realloc(m->req_params, (size_t)ncap * sizeof *pp) : NULL;
+        if (pp)
+            m->req_params = pp;
+        char **ww = pp ? realloc(m->req_what, (size_t)ncap * sizeof *ww) : NULL;
+        if (!ww) {
+            free(copy);
+            return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
+        }
+        m->req_what = ww;
+        m->cap_reqs = ncap;
+    }
+    char what[256];
+    describe(op, copy, site, what, sizeof what);
+    char *w = strdup(what);
+    if (!w) {
+        free(copy);
+        return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
+    }
+    /* Pointers into req_params / req_what stay valid when the arrays grow (they hold pointers). */
+    berth_requirement *r = &m->reqs[m->n_reqs];
+    memset(r, 0, sizeof *r);
+    r->struct_size = sizeof *r;
+    r->op = op;
+    r->params = copy;
+    r->what = w;
+    m->req_params[m->n_reqs] = copy;
+    m->req_what[m->n_reqs] = w;
+    m->n_reqs++;
+    return BERTH_OK;
+}
+
+void g4_req_free(berth_model *m)
+{
+    for (int i = 0; i < m->n_reqs; i++) {
+        free(m->req_params[i]);
+        free(m->req_what[i]);
+    }
+    free(m->reqs);
+    free(m->req_params);
+    free(m->req_what);
+    m->reqs = NULL;
+    m->req_params = NULL;
+    m->req_what = NULL;
+    m->n_reqs = m->cap_reqs = 0;
+}

@@ -1,0 +1,825 @@
+/*
+ * test_cpu_ops.c — CPU backend plugin: descriptor, probe, config, buffers, matmul, get_rows, norms, rope, elementwise ops, and supports() rejections.
+ * Harness and conventions: test_cpu_harness.h.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "test_cpu_harness.h"
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * Descriptor, probe, config, buffers. */
+
+START_TEST(test_descriptor)
+{
+    ck_assert_uint_eq(g_desc->magic, BERTH_PLUGIN_MAGIC);
+    ck_assert_int_eq(g_desc->kind, BERTH_PLUGIN_BACKEND);
+    ck_assert_str_eq(g_desc->name, "cpu");
+    ck_assert_uint_eq(g_desc->required_services, BERTH_SVC_LOG | BERTH_SVC_CONFIG);
+    ck_assert_ptr_null(g_entry(BERTH_ABI_MAJOR + 1, 0)); /* another major: no descriptor */
+    ck_assert_ptr_eq(g_entry(BERTH_ABI_MAJOR, BERTH_ABI_MINOR + 5), g_desc); /* a newer minor is fine */
+
+    berth_probe_info pi = {.struct_size = sizeof pi};
+    ck_assert_int_eq(vt->probe(&g_host, &pi), BERTH_OK);
+    ck_assert_int_eq(pi.n_devices, 1);
+
+    berth_device_info di = {.struct_size = sizeof di};
+    ck_assert_int_eq(vt->device_info(&g_host, 0, &di), BERTH_OK);
+    ck_assert_msg(strncmp(di.name, "x86_64 CPU (3 threads, ", 23) == 0, "device name '%s'", di.name);
+    ck_assert_uint_eq(di.caps, BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE);
+    const uint32_t w = BERTH_DTYPE_BIT(BERTH_DTYPE_F32) | BERTH_DTYPE_BIT(BERTH_DTYPE_BF16) |
+                       BERTH_DTYPE_BIT(BERTH_DTYPE_F16);
+    ck_assert_uint_eq(di.weight_dtypes, w);
+    ck_assert_uint_eq(di.act_dtypes, BERTH_DTYPE_BIT(BERTH_DTYPE_F32));
+    ck_assert_uint_eq(di.kv_dtypes, w);
+    ck_assert_int_eq(di.compute_units, 3);
+    ck_assert_uint_eq(di.total_memory, (uint64_t)sysconf(_SC_PHYS_PAGES) * (uint64_t)sysconf(_SC_PAGESIZE));
+
+    /* an out-struct from an older caller: only the fields it has are written */
+    berth_device_info older;
+    memset(&older, 0xab, sizeof older);
+    older.struct_size = BERTH_SIZE_TO(berth_device_info, name);
+    ck_assert_int_eq(vt->device_info(&g_host, 0, &older), BERTH_OK);
+    ck_assert_str_eq(older.name, di.name);
+    for (size_t i = BERTH_SIZE_TO(berth_device_info, name); i < sizeof older; i++)
+        ck_assert_uint_eq(((unsigned char *)&older)[i], 0xab);
+    expect_error(vt->device_info(&g_host, 1, &di), BERTH_E_NOT_FOUND, "cpu: device 1 does not exist (1 device)");
+}
+END_TEST
+
+START_TEST(test_config_threads)
+{
+    berth_backend *b2;
+    snprintf(g_threads, sizeof g_threads, "abc");
+    expect_error(vt->init(&g_host, 0, &b2), BERTH_E_INVALID, "[backend.cpu] threads = 'abc' is not an integer in 0..1024");
+    snprintf(g_threads, sizeof g_threads, "-2");
+    expect_error(vt->init(&g_host, 0, &b2), BERTH_E_INVALID, "[backend.cpu] threads = '-2' is not an integer in 0..1024");
+    snprintf(g_threads, sizeof g_threads, "0");
+    snprintf(g_isa, sizeof g_isa, "neon");
+    expect_error(vt->init(&g_host, 0, &b2), BERTH_E_INVALID,
+                 "[backend.cpu] isa = 'neon' is not one of auto, avx512, avx2, generic that this CPU runs");
+    snprintf(g_isa, sizeof g_isa, "generic");
+    berth_device_info dg = {.struct_size = sizeof dg};
+    ck_assert_int_eq(vt->device_info(&g_host, 0, &dg), BERTH_OK);
+    ck_assert_msg(strstr(dg.name, ", generic)") != NULL, "device name '%s'", dg.name);
+    g_isa[0] = '\0';
+    ck_assert_int_eq(vt->init(&g_host, 0, &b2), BERTH_OK);
+    berth_device_info di = {.struct_size = sizeof di};
+    ck_assert_int_eq(vt->device_info(&g_host, 0, &di), BERTH_OK);
+    ck_assert_int_eq(di.compute_units, (int)sysconf(_SC_NPROCESSORS_ONLN));
+    vt->destroy(b2);
+    snprintf(g_threads, sizeof g_threads, "3");
+}
+END_TEST
+
+START_TEST(test_buffers)
+{
+    berth_buffer *b;
+    void *p;
+    ck_assert_int_eq(vt->buffer_alloc(be, 1000, BERTH_USAGE_ACTIVATIONS, &b), BERTH_OK);
+    ck_assert_int_eq(vt->buffer_host_ptr(be, b, &p), BERTH_OK);
+    ck_assert_uint_eq((uintptr_t)p % 64, 0);
+    unsigned char src[100], dst[100];
+    for (int i = 0; i < 100; i++)
+        src[i] = (unsigned char)rng_next();
+    ck_assert_int_eq(vt->buffer_upload(be, st, b, 900, src, 100), BERTH_OK);
+    ck_assert_int_eq(vt->buffer_copy(be, st, b, 10, b, 900, 100), BERTH_OK);
+    ck_assert_int_eq(vt->buffer_fill(be, st, b, 900, 0x5a, 50), BERTH_OK);
+    ck_assert_int_eq(vt->stream_sync(be, st), BERTH_OK);
+    ck_assert_int_eq(vt->buffer_download(be, st, b, 10, dst, 100), BERTH_OK);
+    ck_assert_mem_eq(dst, src, 100);
+    ck_assert_int_eq(vt->buffer_download(be, st, b, 900, dst, 100), BERTH_OK);
+    for (int i = 0; i < 50; i++)
+        ck_assert_uint_eq(dst[i], 0x5a);
+    ck_assert_mem_eq(dst + 50, src + 50, 50);
+    expect_error(vt->buffer_upload(be, st, b, 901, src, 100), BERTH_E_INVALID,
+                 "cpu: buffer_upload: bytes [901, +100) outside the 1000-byte buffer");
+    expect_error(vt->buffer_download(be, st, b, UINT64_MAX, dst, 2), BERTH_E_INVALID,
+                 "cpu: buffer_download: bytes [18446744073709551615, +2) outside the 1000-byte buffer");
+    vt->buffer_free(be, b);
+    vt->buffer_free(be, NULL);
+
+    /* wrapped host memory: same address; read-only is never written */
+    float host[16] = {0};
+    ck_assert_int_eq(vt->buffer_wrap_host(be, host, sizeof host, 1, &b), BERTH_OK);
+    ck_assert_int_eq(vt->buffer_host_ptr(be, b, &p), BERTH_OK);
+    ck_assert_ptr_eq(p, host);
+    expect_error(vt->buffer_upload(be, st, b, 0, src, 4), BERTH_E_INVALID,
+                 "cpu: buffer_upload: destination buffer is read-only");
+    expect_error(vt->buffer_fill(be, st, b, 0, 0, 4), BERTH_E_INVALID, "cpu: buffer_fill: destination buffer is read-only");
+    berth_unary_params u = {.struct_size = sizeof u, .act = BERTH_ACT_IDENTITY, .in_scale = 1, .out_scale = 1};
+    u.x = (berth_tensor){.buf = b, .dtype = BERTH_DTYPE_F32, .ndim = 1, .ne = {16, 1, 1, 1}, .nb = {4, 64, 64, 64}};
+    u.y = u.x;
+    expect_error(ops->unary(be, st, &u), BERTH_E_INVALID, "unary: y is in a read-only buffer");
+    vt->buffer_free(be, b);
+    ck_assert_int_eq(vt->buffer_wrap_host(be, host, sizeof host, 0, &b), BERTH_OK);
+    u.x.buf = u.y.buf = b;
+    host[3] = 2.5f;
+    u.out_scale = 2;
+    ck_assert_int_eq(ops->unary(be, st, &u), BERTH_OK);
+    ck_assert_float_eq(host[3], 5.0f);
+    /* a view reaching past the buffer is rejected, not read */
+    u.x.ne[0] = 17;
+    u.y.ne[0] = 17;
+    expect_error(ops->unary(be, st, &u), BERTH_E_INVALID, "unary: x view (offset 0) reaches outside its 64-byte buffer");
+    vt->buffer_free(be, b);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * matmul */
+
+/* One matmul case: x {K, M} (rows as ne1 x ne2 = M), w {K, N} of wdt, optional bias, accumulate. */
+static void matmul_case(int64_t K, int64_t N, int64_t M1, int64_t M2, berth_dtype wdt, int pad, int bias_mode,
+                        int accumulate)
+{
+    struct tt x = tt_new(BERTH_DTYPE_F32, K, M1, M2, 1, pad);
+    struct tt w = tt_new(wdt, K, N, 1, 1, 0);
+    struct tt y = tt_new(BERTH_DTYPE_F32, N, M1 * M2, 1, 1, pad ? 3 : 0);
+    struct tt bias = tt_new(bias_mode == 2 ? BERTH_DTYPE_BF16 : BERTH_DTYPE_F32, N, 1, 1, 1, 0);
+    trand(&x.t, -1, 1);
+    trand(&w.t, -1, 1);
+    trand(&bias.t, -1, 1);
+    const int64_t M = M1 * M2;
+    double *y0 = malloc(sizeof(double) * (size_t)(M * N));
+    if (accumulate) {
+        trand(&y.t, -1, 1);
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++)
+                y0[m * N + n] = tget(&y.t, n, m, 0, 0);
+    } else {
+        tpoison(&y.t);
+    }
+    tsnap(&y);
+    berth_matmul_params p = {.struct_size = sizeof p, .accumulate = accumulate, .x = x.t, .w = w.t, .y = y.t};
+    p.bias = bias_mode ? bias.t : absent;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "matmul: %s", g_last_error);
+    char what[96];
+    snprintf(what, sizeof what, "matmul K%" PRId64 " N%" PRId64 " M%" PRId64 " %s pad%d bias%d acc%d", K, N, M, dtn(wdt),
+             pad, bias_mode, accumulate);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double ref = 0, scale = 0;
+            for (int64_t k = 0; k < K; k++) {
+                const double t = tget(&x.t, k, m % M1, m / M1, 0) * tget(&w.t, k, n, 0, 0);
+                ref += t;
+                scale += fabs(t);
+            }
+            if (bias_mode) {
+                ref += tget(&bias.t, n, 0, 0, 0);
+                scale += fabs(tget(&bias.t, n, 0, 0, 0));
+            }
+            if (accumulate) {
+                ref += y0[m * N + n];
+                scale += fabs(y0[m * N + n]);
+            }
+            check_close(tget(&y.t, n, m, 0, 0), ref, scale, 1e-5, what, n, m, 0, 0);
+        }
+    tcheck_outside(&y, &y.t, what);
+    free(y0);
+    tt_free(&x);
+    tt_free(&w);
+    tt_free(&y);
+    tt_free(&bias);
+}
+
+/* Every kernel ISA this CPU runs (the plugin's `isa` key pins one), so the portable kernels are tested too. */
+START_TEST(test_matmul)
+{
+    static const char *const isas[] = {"generic", "avx2", "avx512"};
+    berth_backend *const main_be = be;
+    for (int i = 0; i < 3; i++) {
+        snprintf(g_isa, sizeof g_isa, "%s", isas[i]);
+        berth_backend *b2;
+        if (vt->init(&g_host, 0, &b2) != BERTH_OK) {
+            ck_assert_msg(i > 0, "generic kernels must always be available: %s", g_last_error);
+            continue; /* this CPU lacks the ISA */
+        }
+        be = b2;
+        for (int d = 0; d < 3; d++) {
+            matmul_case(67, 131, 1, 1, wdts[d], 0, 0, 0);  /* decode */
+            matmul_case(67, 131, 5, 1, wdts[d], 1, 1, 0);  /* small prefill, strided x and y, f32 bias */
+            matmul_case(67, 131, 2, 3, wdts[d], 0, 2, 1);  /* x 3-D flattened, bf16 bias, accumulate */
+            matmul_case(96, 9, 3, 1, wdts[d], 2, 0, 1);    /* K a multiple of every vector block, N < threads * tile */
+            matmul_case(1, 5, 7, 1, wdts[d], 0, 1, 0);     /* K = 1: all tail */
+        }
+        /* x blocks: more rows than one block (64) and K split in several blocks */
+        matmul_case(1700, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0);
+        matmul_case(1300, 13, 9, 1, BERTH_DTYPE_F16, 1, 0, 1);
+        matmul_case(2100, 7, 33, 1, BERTH_DTYPE_F32, 0, 0, 0);
+        be = main_be;
+        vt->destroy(b2);
+    }
+    g_isa[0] = '\0';
+}
+END_TEST
+
+/* Special f16 and bf16 weights (subnormals, infinities excluded: they would poison sums) widen exactly. */
+START_TEST(test_matmul_special_weights)
+{
+    const int64_t K = 80;
+    for (int d = 1; d < 3; d++) {
+        struct tt x = tt_new(BERTH_DTYPE_F32, K, 1, 1, 1, 0);
+        struct tt w = tt_new(wdts[d], K, 4, 1, 1, 0);
+        struct tt y = tt_new(BERTH_DTYPE_F32, 4, 1, 1, 1, 0);
+        /* one-hot x picks single weights, so y is each weight widened */
+        for (int64_t n = 0; n < 4; n++)
+            for (int64_t k = 0; k < K; k++) {
+                uint16_t h = (uint16_t)rng_next();
+                if (wdts[d] == BERTH_DTYPE_F16 && (h & 0x7c00) == 0x7c00)
+                    h &= 0x83ff; /* make inf/NaN a subnormal */
+                if (wdts[d] == BERTH_DTYPE_BF16 && (h & 0x7f80) == 0x7f80)
+                    h &= 0x807f;
+                memcpy(tptr(&w.t, k, n, 0, 0), &h, 2);
+            }
+        for (int64_t k = 0; k < K; k++) {
+            FOR_EACH(&x.t, a, b, c, e) tset(&x.t, a, b, c, e, a == k ? 1.0 : 0.0);
+            berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .y = y.t};
+            ck_assert_int_eq(ops->matmul(be, st, &p), BERTH_OK);
+            for (int64_t n = 0; n < 4; n++)
+                CHECK(tget(&y.t, n, 0, 0, 0) == tget(&w.t, k, n, 0, 0), "%s weight k%" PRId64 " n%" PRId64 ": %.9g vs %.9g",
+                      dtn(wdts[d]), k, n, tget(&y.t, n, 0, 0, 0), tget(&w.t, k, n, 0, 0));
+        }
+        tt_free(&x);
+        tt_free(&w);
+        tt_free(&y);
+    }
+}
+END_TEST
+
+/* Results do not depend on the thread count: a 1-thread backend gives bit-identical outputs. */
+START_TEST(test_matmul_threads_invariant)
+{
+    snprintf(g_threads, sizeof g_threads, "1");
+    berth_backend *b1;
+    ck_assert_int_eq(vt->init(&g_host, 0, &b1), BERTH_OK);
+    snprintf(g_threads, sizeof g_threads, "3");
+    struct tt x = tt_new(BERTH_DTYPE_F32, 300, 6, 1, 1, 0);
+    struct tt w = tt_new(BERTH_DTYPE_BF16, 300, 77, 1, 1, 0);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, 77, 6, 1, 1, 0), y3 = tt_new(BERTH_DTYPE_F32, 77, 6, 1, 1, 0);
+    trand(&x.t, -1, 1);
+    trand(&w.t, -1, 1);
+    berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .y = y1.t};
+    ck_assert_int_eq(vt->get_ops(b1)->matmul(b1, st, &p), BERTH_OK);
+    p.y = y3.t;
+    ck_assert_int_eq(ops->matmul(be, st, &p), BERTH_OK);
+    ck_assert_mem_eq(y1.host, y3.host, y1.bytes);
+    vt->destroy(b1);
+    tt_free(&x);
+    tt_free(&w);
+    tt_free(&y1);
+    tt_free(&y3);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * get_rows */
+
+START_TEST(test_get_rows)
+{
+    for (int d = 0; d < 3; d++) {
+        const int64_t D = 37, N = 50, T = 9;
+        struct tt table = tt_new(wdts[d], D, N, 1, 1, d == 0 ? 2 : 0);
+        struct tt y = tt_new(BERTH_DTYPE_F32, D, T, 1, 1, 1);
+        int32_t idv[9];
+        for (int i = 0; i < T; i++)
+            idv[i] = irand(0, (int)N - 1);
+        idv[3] = idv[1]; /* repeated id */
+        struct tt ids = ivec(idv, T);
+        trand(&table.t, -2, 2);
+        tpoison(&y.t);
+        tsnap(&y);
+        const float scale = (float)urand(0.5, 3);
+        berth_get_rows_params p = {.struct_size = sizeof p, .scale = scale, .table = table.t, .ids = ids.t, .y = y.t};
+        ck_assert_int_eq(vt->supports(be, BERTH_OP_GET_ROWS, &p), BERTH_OK);
+        CHECK(ops->get_rows(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        FOR_EACH(&y.t, a, b, c, e)
+        {
+            const double ref = (double)scale * tget(&table.t, a, idv[b], 0, 0);
+            check_close(tget(&y.t, a, b, c, e), ref, fabs(ref), 1e-6, "get_rows", a, b, c, e);
+        }
+        tcheck_outside(&y, &y.t, "get_rows");
+        idv[4] = (int32_t)N;
+        tset(&ids.t, 4, 0, 0, 0, N);
+        expect_error(ops->get_rows(be, st, &p), BERTH_E_INVALID, "get_rows: ids[4] = 50 is outside the table's 50 rows");
+        tt_free(&table);
+        tt_free(&y);
+        tt_free(&ids);
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * rms_norm, layer_norm, gated_rms_norm */
+
+START_TEST(test_rms_norm)
+{
+    const int64_t n = 67, R1 = 3, R2 = 2;
+    int round = 0;
+    for (int wm = 0; wm < 3; wm++)
+        for (int rm = 0; rm < 3; rm++)
+            for (int alias = 0; alias < 2; alias++, round++) {
+                const berth_dtype wdt = wdts[round % 3];
+                struct tt x = tt_new(BERTH_DTYPE_F32, n, R1, R2, 1, 1);
+                struct tt y = tt_new(BERTH_DTYPE_F32, n, R1, R2, 1, 2);
+                struct tt r = tt_new(BERTH_DTYPE_F32, n, R1, R2, 1, 0);
+                struct tt w = tt_new(wdt, n, 1, 1, 1, 0);
+                trand(&x.t, -3, 3);
+                trand(&r.t, -1, 1);
+                trand(&w.t, -1, 1);
+                double *xv = tload(&x.t), *rv = tload(&r.t);
+                const berth_tensor *out = alias ? &x.t : &y.t;
+                if (!alias)
+                    tpoison(&y.t);
+                const float eps = 1e-5f;
+                berth_rms_norm_params p = {.struct_size = sizeof p, .weight_mode = wm, .resid_mode = rm, .eps = eps,
+                                           .x = x.t, .w = wm ? w.t : absent, .residual = rm ? r.t : absent, .y = *out};
+                ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &p), BERTH_OK);
+                CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+                char what[64];
+                snprintf(what, sizeof what, "rms_norm w%d r%d alias%d %s", wm, rm, alias, dtn(wdt));
+                for (int64_t row = 0; row < R1 * R2; row++) {
+                    double src[67], ss = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        src[i] = rm == BERTH_RESID_ADD_BEFORE ? (double)(float)(rv[row * n + i] + xv[row * n + i])
+                                                              : xv[row * n + i];
+                        ss += src[i] * src[i];
+                    }
+                    const double inv = 1.0 / sqrt(ss / n + eps);
+                    for (int64_t i = 0; i < n; i++) {
+                        double v = src[i] * inv;
+                        const double wi = tget(&w.t, i, 0, 0, 0);
+                        v *= wm == BERTH_NORM_W ? wi : wm == BERTH_NORM_W_ONE_PLUS ? 1 + wi : 1;
+                        if (rm == BERTH_RESID_ADD_AFTER)
+                            v += rv[row * n + i];
+                        check_close(tget(out, i, row % R1, row / R1, 0), v, fabs(v) + 1, 2e-6, what, i, row, 0, 0);
+                        if (rm == BERTH_RESID_ADD_BEFORE)
+                            CHECK(tget(&r.t, i, row % R1, row / R1, 0) == src[i], "%s residual not updated", what);
+                        else
+                            CHECK(tget(&r.t, i, row % R1, row / R1, 0) == rv[row * n + i], "%s residual changed", what);
+                    }
+                }
+                free(xv);
+                free(rv);
+                tt_free(&x);
+                tt_free(&y);
+                tt_free(&r);
+                tt_free(&w);
+            }
+}
+END_TEST
+
+START_TEST(test_layer_norm)
+{
+    const int64_t n = 45, R = 5;
+    for (int mask = 0; mask < 4; mask++)
+        for (int rm = 0; rm < 3; rm++) {
+            const berth_dtype wdt = wdts[(mask + rm) % 3];
+            struct tt x = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 1);
+            struct tt y = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0);
+            struct tt r = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 3);
+            struct tt w = tt_new(wdt, n, 1, 1, 1, 0), b = tt_new(wdt, n, 1, 1, 1, 0);
+            trand(&x.t, 1, 4); /* a large mean: the variance must not cancel */
+            trand(&r.t, -1, 1);
+            trand(&w.t, -1, 1);
+            trand(&b.t, -1, 1);
+            double *xv = tload(&x.t), *rv = tload(&r.t);
+            tpoison(&y.t);
+            berth_layer_norm_params p = {.struct_size = sizeof p, .resid_mode = rm, .eps = 1e-5f, .x = x.t,
+                                         .w = (mask & 1) ? w.t : absent, .b = (mask & 2) ? b.t : absent,
+                                         .residual = rm ? r.t : absent, .y = y.t};
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_LAYER_NORM, &p), BERTH_OK);
+            CHECK(ops->layer_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            for (int64_t row = 0; row < R; row++) {
+                double src[45], mean = 0, var = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    src[i] = rm == BERTH_RESID_ADD_BEFORE ? (double)(float)(rv[row * n + i] + xv[row * n + i])
+                                                          : xv[row * n + i];
+                    mean += src[i] / n;
+                }
+                for (int64_t i = 0; i < n; i++)
+                    var += (src[i] - mean) * (src[i] - mean) / n;
+                for (int64_t i = 0; i < n; i++) {
+                    double v = (src[i] - mean) / sqrt(var + 1e-5);
+                    if (mask & 1)
+                        v *= tget(&w.t, i, 0, 0, 0);
+                    if (mask & 2)
+                        v += tget(&b.t, i, 0, 0, 0);
+                    if (rm == BERTH_RESID_ADD_AFTER)
+                        v += rv[row * n + i];
+                    check_close(tget(&y.t, i, row, 0, 0), v, fabs(v) + 1, 1e-5, "layer_norm", i, row, mask, rm);
+                }
+            }
+            free(xv);
+            free(rv);
+            tt_free(&x);
+            tt_free(&y);
+            tt_free(&r);
+            tt_free(&w);
+            tt_free(&b);
+        }
+}
+END_TEST
+
+START_TEST(test_gated_rms_norm)
+{
+    const int64_t n = 33, H = 3, T = 4;
+    for (int d = 0; d < 3; d++) {
+        struct tt x = tt_new(BERTH_DTYPE_F32, n, H, T, 1, 1), z = tt_new(BERTH_DTYPE_F32, n, H, T, 1, 0);
+        struct tt y = tt_new(BERTH_DTYPE_F32, n, H, T, 1, 2), w = tt_new(wdts[d], n, 1, 1, 1, 0);
+        trand(&x.t, -2, 2);
+        trand(&z.t, -3, 3);
+        trand(&w.t, 0.5, 1.5);
+        tpoison(&y.t);
+        berth_gated_rms_norm_params p = {.struct_size = sizeof p, .act = BERTH_ACT_SILU, .eps = 1e-6f,
+                                         .x = x.t, .z = z.t, .w = w.t, .y = y.t};
+        ck_assert_int_eq(vt->supports(be, BERTH_OP_GATED_RMS_NORM, &p), BERTH_OK);
+        CHECK(ops->gated_rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t h = 0; h < H; h++) {
+                double ss = 0;
+                for (int64_t i = 0; i < n; i++)
+                    ss += tget(&x.t, i, h, t, 0) * tget(&x.t, i, h, t, 0);
+                const double inv = 1 / sqrt(ss / n + 1e-6);
+                for (int64_t i = 0; i < n; i++) {
+                    const double ref = tget(&x.t, i, h, t, 0) * inv * tget(&w.t, i, 0, 0, 0) *
+                                       act_ref(BERTH_ACT_SILU, tget(&z.t, i, h, t, 0));
+                    check_close(tget(&y.t, i, h, t, 0), ref, fabs(ref), 1e-5, "gated_rms_norm", i, h, t, d);
+                }
+            }
+        tt_free(&x);
+        tt_free(&z);
+        tt_free(&y);
+        tt_free(&w);
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * rope */
+
+static void rope_case(int mode, int64_t d, int32_t pair_offset, int32_t n_pairs, int in_place, int pad)
+{
+    const int64_t H = 3, T = 5;
+    struct tt x = tt_new(BERTH_DTYPE_F32, d, H, T, 1, pad);
+    struct tt y = tt_new(BERTH_DTYPE_F32, d, H, T, 1, 1);
+    struct tt freqs = tt_new(BERTH_DTYPE_F32, n_pairs > 0 ? n_pairs : 1, 1, 1, 1, 0);
+    int32_t posv[5];
+    for (int t = 0; t < T; t++)
+        posv[t] = irand(0, 5000);
+    struct tt pos = ivec(posv, T);
+    for (int32_t j = 0; j < n_pairs; j++) /* Gemma-style proportional frequencies */
+        tset(&freqs.t, j, 0, 0, 0, pow(10000.0, -2.0 * j / (double)d));
+    trand(&x.t, -1, 1);
+    double *xv = tload(&x.t);
+    const berth_tensor *out = in_place ? &x.t : &y.t;
+    if (!in_place)
+        tpoison(&y.t);
+    berth_rope_params p = {.struct_size = sizeof p, .mode = mode, .pair_offset = pair_offset, .n_pairs = n_pairs,
+                           .x = x.t, .positions = pos.t, .freqs = n_pairs ? freqs.t : absent, .y = *out};
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_ROPE, &p), BERTH_OK);
+    CHECK(ops->rope(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            double ref[512];
+            for (int64_t i = 0; i < d; i++)
+                ref[i] = xv[(t * H + h) * d + i];
+            for (int32_t j = 0; j < n_pairs; j++) {
+                const float a = (float)posv[t] * (float)tget(&freqs.t, j, 0, 0, 0);
+                const int64_t i0 = mode == BERTH_ROPE_HALF ? j : 2 * j;
+                const int64_t i1 = mode == BERTH_ROPE_HALF ? j + pair_offset : 2 * j + 1;
+                const double x0 = xv[(t * H + h) * d + i0], x1 = xv[(t * H + h) * d + i1];
+                ref[i0] = x0 * cos(a) - x1 * sin(a);
+                ref[i1] = x1 * cos(a) + x0 * sin(a);
+            }
+            for (int64_t i = 0; i < d; i++)
+                check_close(tget(out, i, h, t, 0), ref[i], 1, 2e-6, mode ? "rope interleaved" : "rope half", i, h, t,
+                            n_pairs);
+        }
+    free(xv);
+    tt_free(&x);
+    tt_free(&y);
+    tt_free(&freqs);
+    tt_free(&pos);
+}
+
+START_TEST(test_rope)
+{
+    rope_case(BERTH_ROPE_HALF, 32, 16, 4, 0, 1);   /* Gemma full layer in miniature: partial pairs */
+    rope_case(BERTH_ROPE_HALF, 32, 16, 4, 1, 0);
+    rope_case(BERTH_ROPE_HALF, 64, 32, 32, 0, 0);  /* every dim rotates */
+    rope_case(BERTH_ROPE_HALF, 256, 32, 32, 1, 2); /* Qwen3.5: rotary slice inside a wider head */
+    rope_case(BERTH_ROPE_HALF, 512, 256, 64, 0, 0); /* Gemma 4 full layer shape; > 1 chunk of pairs */
+    rope_case(BERTH_ROPE_HALF, 512, 256, 100, 1, 0);
+    rope_case(BERTH_ROPE_INTERLEAVED, 32, 0, 8, 0, 1);
+    rope_case(BERTH_ROPE_INTERLEAVED, 32, 0, 16, 1, 0);
+    rope_case(BERTH_ROPE_HALF, 16, 8, 0, 0, 1);    /* no pairs: a copy */
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * unary, glu, binary, copy */
+
+START_TEST(test_unary)
+{
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_TANH; act++)
+        for (int in_place = 0; in_place < 2; in_place++) {
+            struct tt x = tt_new(BERTH_DTYPE_F32, 29, 3, 2, 2, 1), y = tt_new(BERTH_DTYPE_F32, 29, 3, 2, 2, 2);
+            trand(&x.t, -6, 6);
+            double *xv = tload(&x.t);
+            const berth_tensor *out = in_place ? &x.t : &y.t;
+            tpoison(&y.t);
+            tsnap(&y);
+            const float is = (float)urand(0.2, 2), os = (float)urand(-3, 3);
+            berth_unary_params p = {.struct_size = sizeof p, .act = act, .in_scale = is, .out_scale = os, .x = x.t,
+                                    .y = *out};
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_UNARY, &p), BERTH_OK);
+            CHECK(ops->unary(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            size_t i = 0;
+            FOR_EACH(&x.t, a, b, c, d)
+            {
+                const double ref = os * act_ref(act, (double)(float)(is * xv[i++]));
+                check_close(tget(out, a, b, c, d), ref, fabs(ref) + fabs(os), 2e-6, "unary", a, b, c, act);
+            }
+            if (!in_place)
+                tcheck_outside(&y, &y.t, "unary");
+            free(xv);
+            tt_free(&x);
+            tt_free(&y);
+        }
+}
+END_TEST
+
+START_TEST(test_glu)
+{
+    const int64_t F = 37, T = 5;
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_TANH; act++) {
+        /* gate and up are the two halves of one fused projection output {2F, T} */
+        struct tt fused = tt_new(BERTH_DTYPE_F32, 2 * F, T, 1, 1, 0);
+        struct tt y = tt_new(BERTH_DTYPE_F32, F, T, 1, 1, 1);
+        trand(&fused.t, -4, 4);
+        const int64_t ne[4] = {F, T, 1, 1}, nb[4] = {4, fused.t.nb[1], fused.t.nb[2], fused.t.nb[3]};
+        const berth_tensor gate = view_of(&fused, BERTH_DTYPE_F32, 0, ne, nb);
+        const berth_tensor up = view_of(&fused, BERTH_DTYPE_F32, 4 * F, ne, nb);
+        double *gv = tload(&gate), *uv = tload(&up);
+        const int alias = act % 2; /* odd acts write into up, in place */
+        const berth_tensor out = alias ? up : y.t;
+        tpoison(&y.t);
+        berth_glu_params p = {.struct_size = sizeof p, .act = act, .gate = gate, .up = up, .y = out};
+        ck_assert_int_eq(vt->supports(be, BERTH_OP_GLU, &p), BERTH_OK);
+        CHECK(ops->glu(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        size_t i = 0;
+        FOR_EACH(&gate, a, b, c, d)
+        {
+            const double ref = act_ref(act, gv[i]) * uv[i];
+            i++;
+            check_close(tget(&out, a, b, c, d), ref, fabs(ref) + 1e-3, 2e-6, "glu", a, b, act, alias);
+        }
+        free(gv);
+        free(uv);
+        tt_free(&fused);
+        tt_free(&y);
+    }
+}
+END_TEST
+
+START_TEST(test_binary)
+{
+    static const int64_t shapes[][4] = {{23, 4, 3, 2}, {23, 1, 1, 1}, {1, 4, 1, 1}, {1, 1, 3, 2}, {1, 1, 1, 1}, {23, 4, 1, 2}};
+    int round = 0;
+    for (int op = 0; op < 2; op++)
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++, round++) {
+            const berth_dtype bdt = wdts[round % 3];
+            struct tt a = tt_new(BERTH_DTYPE_F32, 23, 4, 3, 2, 1);
+            struct tt b = tt_new(bdt, shapes[s][0], shapes[s][1], shapes[s][2], shapes[s][3], round % 2);
+            struct tt y = tt_new(BERTH_DTYPE_F32, 23, 4, 3, 2, 2);
+            trand(&a.t, -2, 2);
+            trand(&b.t, -2, 2);
+            double *av = tload(&a.t);
+            const int alias = round % 4 == 3;
+            const berth_tensor *out = alias ? &a.t : &y.t;
+            tpoison(&y.t);
+            const float scale = (float)urand(-2, 2);
+            berth_binary_params p = {.struct_size = sizeof p, .op = op, .scale = scale, .a = a.t, .b = b.t, .y = *out};
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_BINARY, &p), BERTH_OK);
+            CHECK(ops->binary(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            size_t i = 0;
+            FOR_EACH(&a.t, i0, i1, i2, i3)
+            {
+                const double bv = tget(&b.t, shapes[s][0] == 1 ? 0 : i0, shapes[s][1] == 1 ? 0 : i1,
+                                       shapes[s][2] == 1 ? 0 : i2, shapes[s][3] == 1 ? 0 : i3);
+                const double ref = op == BERTH_BINARY_ADD ? av[i] + scale * bv : av[i] * bv * scale;
+                check_close(tget(out, i0, i1, i2, i3), ref, fabs(av[i]) + fabs(scale * bv) + fabs(ref), 1e-6,
+                            op ? "binary mul" : "binary add", i0, i1, i2, (int64_t)s);
+                i++;
+            }
+            free(av);
+            tt_free(&a);
+            tt_free(&b);
+            tt_free(&y);
+        }
+}
+END_TEST
+
+START_TEST(test_copy)
+{
+    for (int sd = 0; sd < 3; sd++)
+        for (int dd = 0; dd < 3; dd++) {
+            struct tt x = tt_new(wdts[sd], 19, 3, 2, 1, 1);
+            struct tt y = tt_new(wdts[dd], 19, 3, 2, 1, 2);
+            trand(&x.t, -70000, 70000);
+            /* some exact halfway cases and specials in f32 sources */
+            if (wdts[sd] == BERTH_DTYPE_F32) {
+                const float sp[] = {bits_f(0x3f808000u), bits_f(0x3f818000u), bits_f(0x38800000u) * 1.5f, 1e-7f,
+                                    -2.98e-8f, 65504.0f, 65519.0f, 65520.0f, INFINITY, -INFINITY, NAN, 0.0f, -0.0f,
+                                    bits_f(0x7f7fffffu), 1e-40f, 3.0e-5f, 1.0009765625f + 0x1p-11f};
+                for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++)
+                    tset(&x.t, (int64_t)i, 1, 1, 0, sp[i]);
+            }
+            tpoison(&y.t);
+            tsnap(&y);
+            berth_copy_params p = {.struct_size = sizeof p, .x = x.t, .y = y.t};
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_COPY, &p), BERTH_OK);
+            CHECK(ops->copy(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            FOR_EACH(&x.t, a, b, c, d)
+            {
+                const float v = (float)tget(&x.t, a, b, c, d);
+                uint16_t got16;
+                memcpy(&got16, tptr(&y.t, a, b, c, d), 2);
+                if (wdts[dd] == BERTH_DTYPE_F32) {
+                    const float g = (float)tget(&y.t, a, b, c, d);
+                    CHECK(f_bits(g) == f_bits(v) || (isnan(g) && isnan(v)), "copy %s->f32 [%" PRId64 ",%" PRId64 "] %.9g vs %.9g",
+                          dtn(wdts[sd]), a, b, g, v);
+                } else if (wdts[dd] == BERTH_DTYPE_BF16) {
+                    CHECK(got16 == f_bf16(v) || (isnan(v) && (got16 & 0x7fff) > 0x7f80),
+                          "copy %s->bf16 of %.9g: 0x%04x, expected 0x%04x", dtn(wdts[sd]), v, got16, f_bf16(v));
+                } else {
+                    CHECK(got16 == f_f16(v) || (isnan(v) && (got16 & 0x7fff) > 0x7c00),
+                          "copy %s->f16 of %.9g: 0x%04x, expected 0x%04x", dtn(wdts[sd]), v, got16, f_f16(v));
+                }
+            }
+            tcheck_outside(&y, &y.t, "copy");
+            tt_free(&x);
+            tt_free(&y);
+        }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * supports(): rejections with exact messages, agreement with execution. */
+
+static berth_tensor qt(berth_dtype dt, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
+{
+    berth_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = dt;
+    t.ndim = 4;
+    t.ne[0] = ne0;
+    t.ne[1] = ne1;
+    t.ne[2] = ne2;
+    t.ne[3] = ne3;
+    t.nb[0] = (int64_t)dt_size(dt);
+    t.nb[1] = t.nb[0] * ne0;
+    t.nb[2] = t.nb[1] * ne1;
+    t.nb[3] = t.nb[2] * ne2;
+    return t;
+}
+
+static void expect_unsupported(int32_t op, const void *params, const char *msg)
+{
+    expect_error(vt->supports(be, op, params), BERTH_E_UNSUPPORTED, msg);
+}
+
+START_TEST(test_supports_rejections)
+{
+    const berth_dtype F32 = BERTH_DTYPE_F32;
+    berth_matmul_params mm = {.struct_size = sizeof mm, .x = qt(F32, 67, 5, 1, 1), .w = qt(BERTH_DTYPE_BF16, 67, 131, 1, 1),
+                              .y = qt(F32, 131, 5, 1, 1)};
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.w.dtype = BERTH_DTYPE_I32;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: w dtype i32 is not supported (supported: f32, f16, bf16)");
+    mm.w = qt(BERTH_DTYPE_F16, 68, 131, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x ne[0] = 67 but w ne[0] (K) = 68");
+    mm.w = qt(BERTH_DTYPE_F16, 67, 131, 1, 1);
+    mm.x = qt(BERTH_DTYPE_BF16, 67, 5, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x dtype bf16 is not supported (supported: f32)");
+    mm.x = qt(F32, 67, 5, 1, 1);
+    mm.bias = qt(F32, 130, 1, 1, 1); /* present in a query: its shape is filled in */
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: bias must be ne {131}, got {130, 1, 1, 1}");
+    mm.bias = absent;
+    mm.w.nb[1] += 2;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: w must be packed (nb[1] = 136, expected 134)");
+    mm.w.nb[1] -= 2;
+    mm.struct_size = 8;
+    char msg[128];
+    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.1's %zu",
+             (size_t)BERTH_SIZE_TO(berth_matmul_params, y));
+    expect_unsupported(BERTH_OP_MATMUL, &mm, msg);
+
+    berth_unary_params un = {.struct_size = sizeof un, .act = 9, .x = qt(F32, 8, 2, 1, 1), .y = qt(F32, 8, 2, 1, 1)};
+    expect_unsupported(BERTH_OP_UNARY, &un, "unary: activation 9 is not supported");
+    un.act = BERTH_ACT_SILU;
+    un.x.nb[0] = 8;
+    expect_unsupported(BERTH_OP_UNARY, &un, "unary: x nb[0] = 8 must be the element size 4");
+
+    berth_rope_params rp = {.struct_size = sizeof rp, .mode = BERTH_ROPE_HALF, .pair_offset = 2, .n_pairs = 4,
+                            .x = qt(F32, 32, 2, 3, 1), .positions = qt(BERTH_DTYPE_I32, 3, 1, 1, 1),
+                            .freqs = qt(F32, 4, 1, 1, 1), .y = qt(F32, 32, 2, 3, 1)};
+    expect_unsupported(BERTH_OP_ROPE, &rp, "rope: pair_offset 2 with 4 pairs needs n_pairs <= pair_offset and "
+                                           "pair_offset + n_pairs <= head dim 32");
+    rp.pair_offset = 16;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_ROPE, &rp), BERTH_OK);
+    rp.mode = 2;
+    expect_unsupported(BERTH_OP_ROPE, &rp, "rope: rope mode 2 is not supported");
+
+    berth_binary_params bp = {.struct_size = sizeof bp, .op = BERTH_BINARY_ADD, .scale = 1, .a = qt(F32, 8, 4, 1, 1),
+                              .b = qt(F32, 8, 3, 1, 1), .y = qt(F32, 8, 4, 1, 1)};
+    expect_unsupported(BERTH_OP_BINARY, &bp, "binary: b ne[1] = 3 must be 1 or a's 4");
+    berth_copy_params cp = {.struct_size = sizeof cp, .x = qt(BERTH_DTYPE_I32, 8, 1, 1, 1), .y = qt(F32, 8, 1, 1, 1)};
+    expect_unsupported(BERTH_OP_COPY, &cp, "copy: x dtype i32 is not supported (supported: f32, f16, bf16)");
+
+    berth_kv_view kv = {.dtype = BERTH_DTYPE_BF16, .block_size = 16, .n_blocks = 8, .n_kv_heads = 1, .head_dim = 64,
+                        .head_dim_v = 64};
+    berth_attention_params at = {.struct_size = sizeof at, .mask = BERTH_MASK_CAUSAL, .scale = 1, .n_seqs = 2,
+                                 .q = qt(F32, 64, 8, 5, 1), .out = qt(F32, 64, 8, 5, 1),
+                                 .positions = qt(BERTH_DTYPE_I32, 5, 1, 1, 1),
+                                 .seq_q_start = qt(BERTH_DTYPE_I32, 3, 1, 1, 1),
+                                 .seq_kv_len = qt(BERTH_DTYPE_I32, 2, 1, 1, 1),
+                                 .block_table = qt(BERTH_DTYPE_I32, 4, 2, 1, 1), .kv = kv};
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_ATTENTION, &at), BERTH_OK);
+    at.mask = 7;
+    expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: mask 7 is not supported");
+    at.mask = BERTH_MASK_NONE;
+    at.window = 4;
+    expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: a sliding window (4) needs the causal mask");
+    at.mask = BERTH_MASK_CAUSAL;
+    at.kv.dtype = BERTH_DTYPE_I32;
+    expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: KV dtype i32 is not supported (supported: f32, f16, bf16)");
+    at.kv.dtype = BERTH_DTYPE_F32;
+    at.q = qt(F32, 64, 65, 5, 1);
+    at.out = qt(F32, 64, 65, 5, 1);
+    expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: 65 query heads per KV head (most: 64)");
+    at.kv.n_kv_heads = 2;
+    expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: n_heads 65 is not a multiple of n_kv_heads 2");
+
+    berth_kv_append_params ka = {.struct_size = sizeof ka, .k_norm_mode = 3, .k = qt(F32, 64, 1, 5, 1),
+                                 .v = qt(F32, 64, 1, 5, 1), .slots = qt(BERTH_DTYPE_I32, 5, 1, 1, 1), .kv = kv};
+    expect_unsupported(BERTH_OP_KV_APPEND, &ka, "kv_append: k_norm_mode 3 is not supported");
+
+    berth_sample_params sp = {.struct_size = sizeof sp, .n_rows = 2, .n_top = 11, .logits = qt(F32, 10, 2, 1, 1),
+                              .ids = qt(BERTH_DTYPE_I32, 2, 1, 1, 1)};
+    expect_unsupported(BERTH_OP_SAMPLE, &sp, "sample: n_top = 11 must be in 0..V (10)");
+    berth_conv1d_causal_params cv = {.struct_size = sizeof cv, .act = BERTH_ACT_SILU, .n_seqs = 1,
+                                     .x = qt(F32, 8, 3, 1, 1), .w = qt(F32, 65, 8, 1, 1), .y = qt(F32, 8, 3, 1, 1),
+                                     .state = qt(F32, 64, 8, 2, 1), .state_slots = qt(BERTH_DTYPE_I32, 1, 1, 1, 1),
+                                     .seq_q_start = qt(BERTH_DTYPE_I32, 2, 1, 1, 1)};
+    expect_unsupported(BERTH_OP_CONV1D_CAUSAL, &cv, "conv1d_causal: kernel width 65 is not in 1..64");
+    berth_gated_delta_params gd = {.struct_size = sizeof gd, .scale = 1, .n_seqs = 1, .q = qt(F32, 16, 2, 3, 1),
+                                   .k = qt(F32, 16, 2, 3, 1), .v = qt(F32, 12, 4, 3, 1), .g = qt(F32, 4, 3, 1, 1),
+                                   .beta = qt(F32, 4, 3, 1, 1), .out = qt(F32, 12, 4, 3, 1),
+                                   .state = qt(F32, 16, 12, 4, 2), .state_slots = qt(BERTH_DTYPE_I32, 1, 1, 1, 1),
+                                   .seq_q_start = qt(BERTH_DTYPE_I32, 2, 1, 1, 1)};
+    expect_unsupported(BERTH_OP_GATED_DELTA, &gd, "gated_delta: state must be ne {d_v 12, d_k 16, n_v_heads 4, n_slots}, "
+                                                  "got {16, 12, 4, 2}");
+    expect_unsupported(99, &mm, "supports: unknown op 99");
+    expect_unsupported(BERTH_OP_MATMUL, NULL, "supports: params is NULL (op 0)");
+    expect_error(ops->attention(be, st, NULL), BERTH_E_INVALID, "attention: params is NULL");
+
+    /* execution reports the same problem, with the code of its kind */
+    struct tt x = tt_new(F32, 8, 4, 1, 1, 0), b = tt_new(F32, 8, 3, 1, 1, 0);
+    bp.a = bp.y = x.t;
+    bp.b = b.t;
+    expect_error(ops->binary(be, st, &bp), BERTH_E_INVALID, "binary: b ne[1] = 3 must be 1 or a's 4");
+    tt_free(&x);
+    tt_free(&b);
+}
+END_TEST
+
+static void add_tests(TCase *tc)
+{
+    tcase_add_test(tc, test_descriptor);
+    tcase_add_test(tc, test_config_threads);
+    tcase_add_test(tc, test_buffers);
+    tcase_add_test(tc, test_matmul);
+    tcase_add_test(tc, test_matmul_special_weights);
+    tcase_add_test(tc, test_matmul_threads_invariant);
+    tcase_add_test(tc, test_get_rows);
+    tcase_add_test(tc, test_rms_norm);
+    tcase_add_test(tc, test_layer_norm);
+    tcase_add_test(tc, test_gated_rms_norm);
+    tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_unary);
+    tcase_add_test(tc, test_glu);
+    tcase_add_test(tc, test_binary);
+    tcase_add_test(tc, test_copy);
+    tcase_add_test(tc, test_supports_rejections);
+}
+
+int main(void)
+{
+    return cpu_test_run("cpu_ops", add_tests);
+}
