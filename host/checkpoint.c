@@ -457,6 +457,13 @@ static berth_status unsupported_dtype(const berth_checkpoint *ck, const struct c
                       ck->shards[e->shard]->path, e->t->name, e->t->dtype_name);
 }
 
+/* The shard's file name inside the directory (every shard path is dir + "/" + name, see open_shard). */
+static const char *shard_file(const berth_checkpoint *ck, int shard)
+{
+    const char *p = ck->shards[shard]->path, *slash = strrchr(p, '/');
+    return slash ? slash + 1 : p;
+}
+
 /* Fill the fields of *out that its struct_size covers. */
 static berth_status fill_info(const berth_checkpoint *ck, const struct ckpt_entry *e, berth_tensor_info *out)
 {
@@ -476,6 +483,8 @@ static berth_status fill_info(const berth_checkpoint *ck, const struct ckpt_entr
     if (BERTH_HAS(out, berth_tensor_info, shape))
         for (int i = 0; i < ST_MAX_DIMS; i++)
             out->shape[i] = i < t->ndim ? t->shape[i] : 0;
+    if (BERTH_HAS(out, berth_tensor_info, file))
+        out->file = shard_file(ck, e->shard);
     return t->dtype < 0 ? unsupported_dtype(ck, e) : BERTH_OK;
 }
 

@@ -10,7 +10,9 @@
 struct kv_group {
     berth_kv_group_desc desc; /* copied: the plugin's array outlives us, but a copy keeps this self-contained */
     int sliding;              /* kind SLIDING with window > 0: blocks behind the window are released */
-    uint64_t head_stride, token_stride, plane_bytes, layer_stride, block_stride;
+    uint64_t head_stride, token_stride, k_plane_bytes; /* K */
+    uint64_t v_head_stride, v_token_stride;             /* V */
+    uint64_t layer_stride, block_stride;
     int32_t n_blocks;
     int32_t seq_cap;          /* most blocks one sequence holds at once */
     berth_buffer *pool;       /* NULL without a backend */
@@ -128,11 +130,12 @@ static berth_status init_group(struct kv_cache *kv, struct kv_group *gr, const b
                           gr->desc.name, (int)gr->desc.n_layers, (int)gr->desc.n_kv_heads, (int)gr->desc.head_dim,
                           (int)gr->desc.head_dim_v);
     gr->sliding = gr->desc.kind == BERTH_KV_SLIDING && gr->desc.window > 0;
-    int32_t head_slot = gr->desc.head_dim > gr->desc.head_dim_v ? gr->desc.head_dim : gr->desc.head_dim_v;
-    gr->head_stride = (uint64_t)head_slot * (uint64_t)kv->elem_size;
+    gr->head_stride = (uint64_t)gr->desc.head_dim * (uint64_t)kv->elem_size;
     gr->token_stride = (uint64_t)gr->desc.n_kv_heads * gr->head_stride;
-    gr->plane_bytes = (uint64_t)kv->p.block_size * gr->token_stride;
-    gr->layer_stride = 2 * gr->plane_bytes;
+    gr->k_plane_bytes = (uint64_t)kv->p.block_size * gr->token_stride;
+    gr->v_head_stride = (uint64_t)gr->desc.head_dim_v * (uint64_t)kv->elem_size;
+    gr->v_token_stride = (uint64_t)gr->desc.n_kv_heads * gr->v_head_stride;
+    gr->layer_stride = gr->k_plane_bytes + (uint64_t)kv->p.block_size * gr->v_token_stride;
     gr->block_stride = (uint64_t)gr->desc.n_layers * gr->layer_stride;
     gr->seq_cap = seq_block_cap(kv, gr);
     return BERTH_OK;
@@ -405,15 +408,17 @@ void kv_group_batch(const struct kv_cache *kv, int32_t g, const berth_tensor *bl
                     const berth_tensor *slots, berth_kv_group_batch *out)
 {
     const struct kv_group *gr = &kv->groups[g];
-    memset(out, 0, sizeof *out);
+    memset(out, 0, sizeof *out); /* also leaves seq_kv_len absent and h_seq_kv_len NULL (see kv_cache.h) */
     berth_kv_view *v = &out->pool;
     v->k_buf = gr->pool;
     v->v_buf = gr->pool;
     v->k_offset = 0;
-    v->v_offset = gr->plane_bytes;
+    v->v_offset = gr->k_plane_bytes;
     v->block_stride = gr->block_stride;
     v->token_stride = gr->token_stride;
     v->head_stride = gr->head_stride;
+    v->v_token_stride = gr->v_token_stride;
+    v->v_head_stride = gr->v_head_stride;
     v->dtype = kv->p.dtype;
     v->block_size = kv->p.block_size;
     v->n_blocks = gr->n_blocks;

@@ -6,16 +6,18 @@
  * block is one contiguous range that a later prefix cache can share or copy whole:
  *
  *     block b:  layer 0: K plane, V plane | layer 1: K plane, V plane | ... | layer n_layers-1: K, V
- *     plane:    block_size token rows of n_kv_heads heads of head_slot elements
+ *     K plane:  block_size token rows of n_kv_heads heads of head_dim elements
+ *     V plane:  block_size token rows of n_kv_heads heads of head_dim_v elements
  *
- *   head_slot     = max(head_dim, head_dim_v)              (elements; K and V share one stride set in berth_kv_view)
- *   head_stride   = head_slot * elem_size
- *   token_stride  = n_kv_heads * head_stride
- *   plane_bytes   = block_size * token_stride
- *   layer_stride  = 2 * plane_bytes                       (berth_kv_group_batch.layer_stride)
+ *   head_stride   = head_dim * elem_size                 v_head_stride  = head_dim_v * elem_size
+ *   token_stride  = n_kv_heads * head_stride             v_token_stride = n_kv_heads * v_head_stride
+ *   k_plane_bytes = block_size * token_stride            v_plane_bytes  = block_size * v_token_stride
+ *   layer_stride  = k_plane_bytes + v_plane_bytes        (berth_kv_group_batch.layer_stride)
  *   block_stride  = n_layers * layer_stride
  *   K of (b, layer l, slot s, head h) = b*block_stride + l*layer_stride + s*token_stride + h*head_stride
- *   V of the same                     = that + plane_bytes
+ *   V of the same                     = b*block_stride + l*layer_stride + k_plane_bytes + s*v_token_stride
+ *                                       + h*v_head_stride
+ * so K and V of different widths each take only their own size (berth_kv_view has a stride pair for each).
  *
  * Sizing: [kv] memory is split across groups in proportion to their bytes per token (every position needs an
  * entry in every group), which gives every group the same block count. A SLIDING group never needs more than
@@ -91,7 +93,9 @@ int32_t kv_batch_table_width(const struct kv_cache *kv, const struct kv_seq_span
 berth_status kv_batch_tables(const struct kv_cache *kv, int32_t g, const struct kv_seq_span *spans, int32_t n_seqs,
                              int32_t width, int32_t *block_table, int32_t *slots);
 /* The berth_kv_group_batch of group g for a step whose block table and slots were uploaded as the given tensors
- * (block_table ne {width, n_seqs}, slots ne {n_tokens}). Requires pools (be != NULL at create). */
+ * (block_table ne {width, n_seqs}, slots ne {n_tokens}). Requires pools (be != NULL at create). Its per-group
+ * seq_kv_len is left absent (h_seq_kv_len NULL): every group uses berth_batch.seq_kv_len until CROSS groups
+ * (encoder lengths) exist. */
 void kv_group_batch(const struct kv_cache *kv, int32_t g, const berth_tensor *block_table,
                     const berth_tensor *slots, berth_kv_group_batch *out);
 

@@ -693,17 +693,23 @@ static berth_status select_model(struct registry *reg, const berth_checkpoint *c
 
 /* Check every requirement against an initialised backend. Returns 1 if all pass, else writes a reason. */
 static int covers(struct plugin *bp, berth_backend *be, const berth_ops *ops, const struct plugin *mp,
-                  const berth_requirement *reqs, int32_t n_req, char *reason, size_t cap)
+                  const berth_requirement *const *reqs, int32_t n_req, char *reason, size_t cap)
 {
     const berth_backend_vtable *vt = bp->desc->vtable;
     for (int32_t i = 0; i < n_req; i++) {
-        const berth_requirement *r = &reqs[i];
+        const berth_requirement *r = reqs[i];
+        /* Checked here, not trusted: a malformed list from the model must not crash the host. */
+        if (!r || r->struct_size < BERTH_SIZE_TO(berth_requirement, params)) {
+            snprintf(reason, cap, "%s: cannot check requirement %d of %s: it is %s", bp->desc->name, (int)i,
+                     mp->desc->name, r ? "too small (struct_size)" : "NULL");
+            return 0;
+        }
         char opname[32];
         if (r->op >= 0 && r->op < BERTH_OP_COUNT)
             snprintf(opname, sizeof opname, "%s", op_names[r->op]);
         else
             snprintf(opname, sizeof opname, "op %d", (int)r->op);
-        const char *what = r->what && r->what[0] ? r->what : opname;
+        const char *what = BERTH_HAS(r, berth_requirement, what) && r->what && r->what[0] ? r->what : opname;
         /* Op members follow struct_size in BERTH_OP_* order (append-only), so newer ops are found the same way. */
         size_t off = offsetof(berth_ops, matmul) + (size_t)(r->op < 0 ? 0 : r->op) * sizeof(any_fn);
         if (r->op < 0 || ops->struct_size < off + sizeof(any_fn) || !member_at(ops, off)) {
@@ -722,8 +728,8 @@ static int covers(struct plugin *bp, berth_backend *be, const berth_ops *ops, co
 }
 
 /* Try one backend: init its device, check the model's requirements. On success the backend stays initialised. */
-static int try_backend(struct plugin *bp, const struct plugin *mp, const berth_requirement *reqs, int32_t n_req,
-                       struct selection *sel, char *reason, size_t cap)
+static int try_backend(struct plugin *bp, const struct plugin *mp, const berth_requirement *const *reqs,
+                       int32_t n_req, struct selection *sel, char *reason, size_t cap)
 {
     const berth_backend_vtable *vt = bp->desc->vtable;
     int dev = plugin_device(bp);
@@ -790,7 +796,7 @@ berth_status registry_select(struct registry *reg, const berth_checkpoint *ck, s
         return berth_fail(BERTH_E_UNSUPPORTED, "model plugin '%s': create failed: %s", mp->desc->name,
                           saved_plugin_msg(msg, sizeof msg));
     }
-    const berth_requirement *reqs = NULL;
+    const berth_requirement *const *reqs = NULL;
     int32_t n_req = 0;
     berth_clear_error();
     if (mvt->requirements(out->model, &reqs, &n_req) != BERTH_OK || n_req < 0 || (n_req > 0 && !reqs)) {

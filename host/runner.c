@@ -233,6 +233,14 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     st = mvt->memory_layout(cfg->model, &r->layout);
     if (st) goto fail;
 
+    /* The stream exists before load(): the model does its load-time transfers on it (berth_load_params). */
+    st = r->be->vt->stream_create(r->be->be, &r->stream);
+    if (st) {
+        r->stream = NULL;
+        st = fail_with_backend(st, "cannot create a stream");
+        goto fail;
+    }
+
     berth_load_params lp;
     memset(&lp, 0, sizeof lp);
     lp.struct_size = sizeof lp;
@@ -241,6 +249,7 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     lp.act_dtype = BERTH_DTYPE_F32;
     lp.kv_dtype = BERTH_DTYPE_F32;
     lp.checkpoint = cfg->ck;
+    lp.stream = r->stream;
     st = mvt->load(cfg->model, r->be, &lp);
     if (st) goto fail;
     r->loaded = 1;
@@ -257,12 +266,6 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     if (st) goto fail;
     r->table_cap = r->layout.n_kv_groups > 0 ? kv_max_blocks_per_seq(r->kv, 0) : 1;
 
-    st = r->be->vt->stream_create(r->be->be, &r->stream);
-    if (st) {
-        r->stream = NULL;
-        st = fail_with_backend(st, "cannot create a stream");
-        goto fail;
-    }
     st = alloc_meta(r);
     if (st) goto fail;
     st = alloc_states(r);

@@ -341,6 +341,26 @@ START_TEST(supports_refusal_and_no_usable_backend)
 }
 END_TEST
 
+/* A malformed requirement list (a NULL entry, or one whose struct_size does not reach params) is refused with a
+ * reason, never dereferenced. */
+START_TEST(malformed_requirement_is_refused)
+{
+    static const char *const files[] = {"backend_testcpu", "model_testmodel", NULL};
+    char *ini = write_config(files, "[model.testmodel]\nbad_requirement = null\n");
+    load(ini);
+    expect_fail(BERTH_E_UNSUPPORTED, "no usable backend for testmodel: testcpu: cannot check requirement 1 of "
+                                     "testmodel: it is NULL");
+    registry_free(reg);
+    config_free(cfg);
+    free(ini);
+    ini = write_config(files, "[model.testmodel]\nbad_requirement = small\n");
+    load(ini);
+    expect_fail(BERTH_E_UNSUPPORTED, "no usable backend for testmodel: testcpu: cannot check requirement 1 of "
+                                     "testmodel: it is too small (struct_size)");
+    free(ini);
+}
+END_TEST
+
 START_TEST(model_plugin_problems)
 {
     static const char *const files[] = {"backend_testcpu", "model_testmodel", "model_picky", NULL};
@@ -416,6 +436,7 @@ static Suite *selection_suite(void)
     tcase_add_test(tc, model_section_backend_and_plugin);
     tcase_add_test(tc, supports_refusal_and_no_usable_backend);
     tcase_add_test(tc, model_plugin_problems);
+    tcase_add_test(tc, malformed_requirement_is_refused);
     tcase_add_test(tc, device_index_and_ties);
     suite_add_tcase(s, tc);
     return s;

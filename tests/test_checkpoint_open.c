@@ -121,6 +121,9 @@ START_TEST(model_type_and_dir)
     ck_assert_int_eq(ckpt_open(slashed, &ck), BERTH_OK);
     ck_assert_str_eq(ckpt_svc_dir(NULL, ck), dir);
     ck_assert_str_eq(ckpt_model_type(ck), "gemma4_text");
+    berth_tensor_info ti = {.struct_size = sizeof ti};
+    ck_assert_int_eq(ckpt_svc_tensor_at(NULL, ck, 0, &ti), BERTH_OK);
+    ck_assert_str_eq(ti.file, "model.safetensors"); /* single-file layout, directory given with a '/' */
     ckpt_close(ck);
     free(slashed);
 
@@ -142,11 +145,24 @@ START_TEST(sharded_checkpoint_opens)
     ck_assert_int_eq(ckpt_svc_tensor_count(NULL, ck), 4);
     ck_assert_uint_eq(ckpt_total_bytes(ck), 38);
     const char *names[4] = {"a", "b", "c", "d"};
+    /* file: the shard's name inside the directory, as the index maps each tensor */
+    const char *files[4] = {"model-00001-of-00002.safetensors", "model-00001-of-00002.safetensors",
+                            "model-00002-of-00002.safetensors", "model-00002-of-00002.safetensors"};
     berth_tensor_info ti = {.struct_size = sizeof ti};
     for (int i = 0; i < 4; i++) {
         ck_assert_int_eq(ckpt_svc_tensor_at(NULL, ck, i, &ti), BERTH_OK);
         ck_assert_str_eq(ti.name, names[i]);
+        ck_assert_str_eq(ti.file, files[i]);
     }
+    /* a caller built before ABI 0.2 has no file field: it is not written */
+    berth_tensor_info old;
+    memset(&old, 0x5a, sizeof old);
+    old.struct_size = (uint32_t)BERTH_SIZE_TO(berth_tensor_info, shape);
+    ck_assert_int_eq(ckpt_svc_tensor_find(NULL, ck, "c", &old), BERTH_OK);
+    ck_assert_str_eq(old.name, "c");
+    const char *untouched;
+    memset(&untouched, 0x5a, sizeof untouched);
+    ck_assert_ptr_eq(old.file, untouched);
     ck_assert_int_eq(ckpt_svc_tensor_find(NULL, ck, "c", &ti), BERTH_OK);
     ck_assert_int_eq(ti.dtype, BERTH_DTYPE_F32);
     ck_assert_int_eq(ti.ndim, 0);

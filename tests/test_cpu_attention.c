@@ -11,12 +11,24 @@
 #include "test_cpu_harness.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
- * Paged KV pool: K and V of a head interleaved in one buffer ([block][slot][head][K | V], gaps between blocks). */
+ * Paged KV pool: one buffer, each block a K plane then a V plane ([block][K: slot][head][hd] [V: slot][head][hdv]),
+ * K and V with their own head and token strides (each with a gap, and different from each other, so an op that
+ * addressed V with K's strides would fail), gaps between blocks. */
 
 struct pool {
     struct tt mem;
     berth_kv_view kv;
 };
+
+static char *kv_addr(const struct pool *p, int is_v, int32_t block, int32_t slot, int32_t head, int32_t i)
+{
+    const size_t es = dt_size(p->kv.dtype);
+    if (is_v)
+        return p->mem.host + p->kv.v_offset + block * p->kv.block_stride + slot * p->kv.v_token_stride +
+               head * p->kv.v_head_stride + i * es;
+    return p->mem.host + p->kv.k_offset + block * p->kv.block_stride + slot * p->kv.token_stride +
+           head * p->kv.head_stride + i * es;
+}
 
 static struct pool pool_new(berth_dtype dt, int32_t n_blocks, int32_t bs, int32_t hkv, int32_t hd, int32_t hdv)
 {
@@ -29,19 +41,21 @@ static struct pool pool_new(berth_dtype dt, int32_t n_blocks, int32_t bs, int32_
     p.kv.n_kv_heads = hkv;
     p.kv.head_dim = hd;
     p.kv.head_dim_v = hdv;
-    p.kv.head_stride = (uint64_t)(hd + hdv) * es;
+    p.kv.head_stride = (uint64_t)(hd + 1) * es;
     p.kv.token_stride = (uint64_t)hkv * p.kv.head_stride + 4 * es;
-    p.kv.block_stride = (uint64_t)bs * p.kv.token_stride + 64;
+    p.kv.v_head_stride = (uint64_t)(hdv + 2) * es;
+    p.kv.v_token_stride = (uint64_t)hkv * p.kv.v_head_stride + 2 * es;
     p.kv.k_offset = 0;
-    p.kv.v_offset = (uint64_t)hd * es;
+    p.kv.v_offset = (uint64_t)bs * p.kv.token_stride;
+    p.kv.block_stride = p.kv.v_offset + (uint64_t)bs * p.kv.v_token_stride + 64;
     p.mem = tt_new(BERTH_DTYPE_U8, (int64_t)p.kv.block_stride * n_blocks, 1, 1, 1, 0);
     p.kv.k_buf = p.kv.v_buf = p.mem.buf;
-    /* random values everywhere (finite numbers of the dtype) */
+    /* random values in every K and V element (finite numbers of the dtype) */
     for (int32_t b = 0; b < n_blocks; b++)
         for (int32_t s = 0; s < bs; s++)
             for (int32_t h = 0; h < hkv; h++)
                 for (int32_t i = 0; i < hd + hdv; i++) {
-                    char *q = p.mem.host + b * p.kv.block_stride + s * p.kv.token_stride + h * p.kv.head_stride + i * es;
+                    char *q = kv_addr(&p, i >= hd, b, s, h, i >= hd ? i - hd : i);
                     const float v = (float)urand(-1, 1);
                     if (dt == BERTH_DTYPE_F32)
                         memcpy(q, &v, 4);
@@ -53,12 +67,6 @@ static struct pool pool_new(berth_dtype dt, int32_t n_blocks, int32_t bs, int32_
     return p;
 }
 
-static char *kv_addr(const struct pool *p, int is_v, int32_t block, int32_t slot, int32_t head, int32_t i)
-{
-    const size_t es = dt_size(p->kv.dtype);
-    return p->mem.host + (is_v ? p->kv.v_offset : p->kv.k_offset) + block * p->kv.block_stride +
-           slot * p->kv.token_stride + head * p->kv.head_stride + i * es;
-}
 static double kv_get(const struct pool *p, int is_v, int32_t block, int32_t slot, int32_t head, int32_t i)
 {
     const char *q = kv_addr(p, is_v, block, slot, head, i);
@@ -79,6 +87,11 @@ static double kv_ulp(berth_dtype dt)
 
 /* ---------------------------------------------------------------------------------------------------------------
  * kv_append */
+
+static int has_weight(int mode)
+{
+    return mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
+}
 
 static void kv_append_case(berth_dtype kdt, int kmode, int vmode, int rope_mode, int32_t n_pairs, int32_t pair_offset)
 {
@@ -112,7 +125,9 @@ static void kv_append_case(berth_dtype kdt, int kmode, int vmode, int rope_mode,
     berth_kv_append_params p = {
         .struct_size = sizeof p, .k_norm_mode = kmode, .v_norm_mode = vmode, .eps = eps, .rope_mode = rope_mode,
         .rope_pair_offset = pair_offset, .rope_n_pairs = n_pairs, .k = k.t, .v = v.t, .slots = slots.t,
-        .k_norm = kmode ? kn.t : absent, .v_norm = vmode ? vn.t : absent, .positions = n_pairs ? pos.t : absent,
+        /* UNIT and W_NONE take no weight: absent, as a caller passes it */
+        .k_norm = has_weight(kmode) ? kn.t : absent, .v_norm = has_weight(vmode) ? vn.t : absent,
+        .positions = n_pairs ? pos.t : absent,
         .rope_freqs = n_pairs ? freqs.t : absent, .kv = pl.kv};
     ck_assert_int_eq(vt->supports(be, BERTH_OP_KV_APPEND, &p), BERTH_OK);
     CHECK(ops->kv_append(be, st, &p) == BERTH_OK, "%s", g_last_error);
@@ -132,10 +147,11 @@ static void kv_append_case(berth_dtype kdt, int kmode, int vmode, int rope_mode,
                     r[i] = tget(src, i, h, t, 0);
                     ss += r[i] * r[i];
                 }
-                if (mode != BERTH_NORM_W_NONE)
+                if (mode != BERTH_NORM_W_NONE) /* W_NONE: stored as given; UNIT: normalised, no weight */
                     for (int32_t i = 0; i < n; i++) {
                         const double wi = tget(w, i, 0, 0, 0);
-                        r[i] = r[i] / sqrt(ss / n + eps) * (mode == BERTH_NORM_W ? wi : 1 + wi);
+                        const double f = mode == BERTH_NORM_W ? wi : mode == BERTH_NORM_W_ONE_PLUS ? 1 + wi : 1;
+                        r[i] = r[i] / sqrt(ss / n + eps) * f;
                     }
                 if (!is_v)
                     for (int32_t j = 0; j < n_pairs; j++) {
@@ -178,6 +194,8 @@ START_TEST(test_kv_append)
         kv_append_case(wdts[d], BERTH_NORM_W, BERTH_NORM_W_ONE_PLUS, BERTH_ROPE_HALF, 4, 16);  /* Gemma full, mini */
         kv_append_case(wdts[d], BERTH_NORM_W_ONE_PLUS, BERTH_NORM_W_NONE, BERTH_ROPE_INTERLEAVED, 16, 0);
         kv_append_case(wdts[d], BERTH_NORM_W_NONE, BERTH_NORM_W, BERTH_ROPE_HALF, 16, 16);
+        kv_append_case(wdts[d], BERTH_NORM_W, BERTH_NORM_UNIT, BERTH_ROPE_HALF, 8, 16);   /* Gemma 4: weightless V */
+        kv_append_case(wdts[d], BERTH_NORM_UNIT, BERTH_NORM_UNIT, BERTH_ROPE_INTERLEAVED, 0, 0);
     }
 }
 END_TEST

@@ -327,6 +327,8 @@ double act_ref(int act, double x)
     case BERTH_ACT_RELU: return x > 0 ? x : 0;
     case BERTH_ACT_SIGMOID: return 1 / (1 + exp(-x));
     case BERTH_ACT_TANH: return tanh(x);
+    case BERTH_ACT_SOFTPLUS: return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
+    case BERTH_ACT_EXP: return exp(x);
     default: return x;
     }
 }

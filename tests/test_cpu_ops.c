@@ -320,7 +320,7 @@ START_TEST(test_rms_norm)
 {
     const int64_t n = 67, R1 = 3, R2 = 2;
     int round = 0;
-    for (int wm = 0; wm < 3; wm++)
+    for (int wm = 0; wm <= BERTH_NORM_UNIT; wm++) /* UNIT: the same as W_NONE here */
         for (int rm = 0; rm < 3; rm++)
             for (int alias = 0; alias < 2; alias++, round++) {
                 const berth_dtype wdt = wdts[round % 3];
@@ -337,7 +337,9 @@ START_TEST(test_rms_norm)
                     tpoison(&y.t);
                 const float eps = 1e-5f;
                 berth_rms_norm_params p = {.struct_size = sizeof p, .weight_mode = wm, .resid_mode = rm, .eps = eps,
-                                           .x = x.t, .w = wm ? w.t : absent, .residual = rm ? r.t : absent, .y = *out};
+                                           .x = x.t, .w = absent, .residual = rm ? r.t : absent, .y = *out};
+                if (wm == BERTH_NORM_W || wm == BERTH_NORM_W_ONE_PLUS) /* W_NONE, UNIT: no weight tensor */
+                    p.w = w.t;
                 ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &p), BERTH_OK);
                 CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
                 char what[64];
@@ -526,7 +528,7 @@ END_TEST
 
 START_TEST(test_unary)
 {
-    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_TANH; act++)
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_EXP; act++)
         for (int in_place = 0; in_place < 2; in_place++) {
             struct tt x = tt_new(BERTH_DTYPE_F32, 29, 3, 2, 2, 1), y = tt_new(BERTH_DTYPE_F32, 29, 3, 2, 2, 2);
             trand(&x.t, -6, 6);
@@ -554,10 +556,37 @@ START_TEST(test_unary)
 }
 END_TEST
 
+/* softplus where the naive log(1 + e^x) overflows (x >= 89 in fp32) or loses everything (x << 0); exp where fp32
+ * underflows to denormals and zero. */
+START_TEST(test_unary_softplus_exp_extremes)
+{
+    const float xs[10] = {-1000.0f, -100.0f, -30.0f, -1e-3f, 0.0f, 1e-3f, 20.0f, 30.0f, 88.8f, 1000.0f};
+    struct tt x = tt_new(BERTH_DTYPE_F32, 10, 1, 1, 1, 0), y = tt_new(BERTH_DTYPE_F32, 10, 1, 1, 1, 0);
+    for (int i = 0; i < 10; i++)
+        tset(&x.t, i, 0, 0, 0, xs[i]);
+    for (int act = BERTH_ACT_SOFTPLUS; act <= BERTH_ACT_EXP; act++) {
+        tpoison(&y.t);
+        berth_unary_params p = {.struct_size = sizeof p, .act = act, .in_scale = 1, .out_scale = 1, .x = x.t, .y = y.t};
+        CHECK(ops->unary(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        for (int i = 0; i < 10; i++) {
+            const double got = tget(&y.t, i, 0, 0, 0), ref = act_ref(act, xs[i]);
+            if (act == BERTH_ACT_EXP && xs[i] >= 88.8f) { /* beyond FLT_MAX */
+                CHECK(isinf(got) && got > 0, "exp(%g) = %g, expected +inf", (double)xs[i], got);
+                continue;
+            }
+            CHECK(isfinite(got), "act %d of %g = %g", act, (double)xs[i], got);
+            check_close(got, ref, fabs(ref), 2e-6, act == BERTH_ACT_EXP ? "exp" : "softplus", i, 0, 0, 0);
+        }
+    }
+    tt_free(&x);
+    tt_free(&y);
+}
+END_TEST
+
 START_TEST(test_glu)
 {
     const int64_t F = 37, T = 5;
-    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_TANH; act++) {
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_EXP; act++) {
         /* gate and up are the two halves of one fused projection output {2F, T} */
         struct tt fused = tt_new(BERTH_DTYPE_F32, 2 * F, T, 1, 1, 0);
         struct tt y = tt_new(BERTH_DTYPE_F32, F, T, 1, 1, 1);
@@ -716,9 +745,19 @@ START_TEST(test_supports_rejections)
     mm.w.nb[1] -= 2;
     mm.struct_size = 8;
     char msg[128];
-    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.1's %zu",
+    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.2's %zu",
              (size_t)BERTH_SIZE_TO(berth_matmul_params, y));
     expect_unsupported(BERTH_OP_MATMUL, &mm, msg);
+    mm.struct_size = sizeof mm;
+    /* An optional tensor in a query is absent exactly when ne[0] == 0 (berth/backend.h), whatever else it holds. */
+    mm.bias = absent;
+    mm.bias.ndim = 1;
+    mm.bias.ne[1] = mm.bias.ne[2] = mm.bias.ne[3] = 1;
+    mm.bias.dtype = BERTH_DTYPE_I32; /* would be refused if it were read */
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.bias.ne[0] = 131;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: bias dtype i32 is not supported (supported: f32, f16, bf16)");
+    mm.bias = absent;
 
     berth_unary_params un = {.struct_size = sizeof un, .act = 9, .x = qt(F32, 8, 2, 1, 1), .y = qt(F32, 8, 2, 1, 1)};
     expect_unsupported(BERTH_OP_UNARY, &un, "unary: activation 9 is not supported");
@@ -766,9 +805,14 @@ START_TEST(test_supports_rejections)
     at.kv.n_kv_heads = 2;
     expect_unsupported(BERTH_OP_ATTENTION, &at, "attention: n_heads 65 is not a multiple of n_kv_heads 2");
 
-    berth_kv_append_params ka = {.struct_size = sizeof ka, .k_norm_mode = 3, .k = qt(F32, 64, 1, 5, 1),
+    berth_kv_append_params ka = {.struct_size = sizeof ka, .k_norm_mode = 4, .k = qt(F32, 64, 1, 5, 1),
                                  .v = qt(F32, 64, 1, 5, 1), .slots = qt(BERTH_DTYPE_I32, 5, 1, 1, 1), .kv = kv};
-    expect_unsupported(BERTH_OP_KV_APPEND, &ka, "kv_append: k_norm_mode 3 is not supported");
+    expect_unsupported(BERTH_OP_KV_APPEND, &ka, "kv_append: k_norm_mode 4 is not supported");
+    ka.k_norm_mode = BERTH_NORM_UNIT; /* weightless: no k_norm tensor needed */
+    ka.v_norm_mode = BERTH_NORM_UNIT;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_KV_APPEND, &ka), BERTH_OK);
+    ka.v_norm_mode = BERTH_NORM_W; /* a weight mode needs the weight */
+    expect_unsupported(BERTH_OP_KV_APPEND, &ka, "kv_append: v_norm_mode 1 needs the v_norm weight, which is absent");
 
     berth_sample_params sp = {.struct_size = sizeof sp, .n_rows = 2, .n_top = 11, .logits = qt(F32, 10, 2, 1, 1),
                               .ids = qt(BERTH_DTYPE_I32, 2, 1, 1, 1)};
@@ -813,6 +857,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_gated_rms_norm);
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_unary);
+    tcase_add_test(tc, test_unary_softplus_exp_extremes);
     tcase_add_test(tc, test_glu);
     tcase_add_test(tc, test_binary);
     tcase_add_test(tc, test_copy);

@@ -192,6 +192,14 @@ static int cmp_tensor(const void *a, const void *b)
     return strcmp(((const struct fake_tensor *)a)->name, ((const struct fake_tensor *)b)->name);
 }
 
+/* The fake checkpoint has two shards: MLP weights in the second, the rest in the first. g_no_file plays a host
+ * older than ABI 0.2, which leaves berth_tensor_info.file unset. */
+static int g_no_file;
+static const char *fake_shard(const struct fake_tensor *t)
+{
+    return strstr(t->name, ".mlp.") ? "model-00002-of-00002.safetensors" : "model-00001-of-00002.safetensors";
+}
+
 static void fill_info(const struct fake_tensor *t, berth_tensor_info *out)
 {
     int64_t n = 1;
@@ -203,6 +211,8 @@ static void fill_info(const struct fake_tensor *t, berth_tensor_info *out)
     out->nbytes = (uint64_t)n * (t->dtype == BERTH_DTYPE_F32 ? 4u : 2u);
     out->ndim = t->ndim;
     memcpy(out->shape, t->shape, sizeof out->shape);
+    if (!g_no_file && BERTH_HAS(out, berth_tensor_info, file))
+        out->file = fake_shard(t);
 }
 
 static berth_status fk_at(berth_host_ctx *ctx, const berth_checkpoint *ck, int64_t idx, berth_tensor_info *out)
@@ -759,11 +769,11 @@ START_TEST(descriptor_and_accept)
 }
 END_TEST
 
-static int count_reqs(const berth_requirement *r, int n, int op)
+static int count_reqs(const berth_requirement *const *r, int n, int op)
 {
     int k = 0;
     for (int i = 0; i < n; i++)
-        k += r[i].op == op;
+        k += r[i]->op == op;
     return k;
 }
 
@@ -806,7 +816,7 @@ START_TEST(create_info_layout_requirements)
     ck_assert_int_eq(ml.kv_groups[1]->head_dim, 32);
     ck_assert_str_eq(ml.kv_groups[1]->name, "full");
 
-    const berth_requirement *r = NULL;
+    const berth_requirement *const *r = NULL;
     int32_t n = 0;
     ck_assert_int_eq(vt->requirements(m, &r, &n), BERTH_OK);
     ck_assert_int_gt(n, 0);
@@ -816,10 +826,12 @@ START_TEST(create_info_layout_requirements)
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 2);
     int seen16 = 0, seen32 = 0;
     for (int i = 0; i < n; i++) {
-        ck_assert_ptr_nonnull(r[i].what);
-        ck_assert_ptr_nonnull(r[i].params);
-        if (r[i].op == BERTH_OP_ATTENTION) {
-            const berth_attention_params *p = r[i].params;
+        ck_assert_ptr_nonnull(r[i]);
+        ck_assert_uint_eq(r[i]->struct_size, sizeof(berth_requirement));
+        ck_assert_ptr_nonnull(r[i]->what);
+        ck_assert_ptr_nonnull(r[i]->params);
+        if (r[i]->op == BERTH_OP_ATTENTION) {
+            const berth_attention_params *p = r[i]->params;
             ck_assert(p->q.buf == NULL && p->kv.k_buf == NULL);
             ck_assert(p->scale == 1.0f);
             if (p->kv.head_dim == 16 && p->window == 8 && p->q.ne[1] == 4 && p->kv.n_kv_heads == 2)
@@ -827,21 +839,25 @@ START_TEST(create_info_layout_requirements)
             if (p->kv.head_dim == 32 && p->window == 0)
                 seen32 = 1;
         }
-        if (r[i].op == BERTH_OP_KV_APPEND) {
-            const berth_kv_append_params *p = r[i].params;
+        if (r[i]->op == BERTH_OP_KV_APPEND) {
+            const berth_kv_append_params *p = r[i]->params;
             ck_assert_int_eq(p->k_norm_mode, BERTH_NORM_W);
-            ck_assert_int_eq(p->v_norm_mode, BERTH_NORM_W); /* weight of ones = weightless norm */
+            ck_assert_int_eq(p->v_norm_mode, BERTH_NORM_UNIT); /* weightless norm, no weight tensor */
+            ck_assert_int_eq(p->v_norm.ne[0], 0);               /* absent in a query */
+            ck_assert_int_eq(p->k_norm.ne[0], p->kv.head_dim);
+            ck_assert_uint_eq(p->kv.v_head_stride, (uint64_t)p->kv.head_dim_v * 4u);
+            ck_assert_uint_eq(p->kv.v_token_stride, (uint64_t)p->kv.n_kv_heads * p->kv.v_head_stride);
             ck_assert_int_eq(p->rope_mode, BERTH_ROPE_HALF);
             ck_assert_int_eq(p->rope_n_pairs, p->kv.head_dim == 16 ? 8 : 4);
             ck_assert_int_eq(p->rope_pair_offset, p->kv.head_dim / 2);
         }
-        if (r[i].op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
-            ck_assert_int_eq(((const berth_matmul_params *)r[i].params)->w.dtype, BERTH_DTYPE_F32);
+        if (r[i]->op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
+            ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_F32);
     }
     ck_assert(seen16 && seen32);
     int found = 0;
     for (int i = 0; i < n; i++)
-        found |= strcmp(r[i].what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
+        found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
                                    "scale 1, f32 cache)") == 0;
     ck_assert_msg(found, "no readable attention requirement");
     vt->destroy(m);
@@ -966,9 +982,14 @@ static void fb_free(berth_backend *be, berth_buffer *buf)
         free(b->mem);
     free(b);
 }
+/* The host's stream handed to load() (berth_load_params.stream); uploads and syncs must use it, and the model
+ * must create no stream of its own. */
+static int g_host_stream;
+static int g_streams_created, g_uploads_elsewhere, g_syncs_on_host_stream;
 static berth_status fb_stream_create(berth_backend *be, berth_stream **out)
 {
     (void)be;
+    g_streams_created++;
     *out = (berth_stream *)calloc(1, 8);
     return BERTH_OK;
 }
@@ -979,13 +1000,15 @@ static void fb_stream_destroy(berth_backend *be, berth_stream *s)
 }
 static berth_status fb_sync(berth_backend *be, berth_stream *s)
 {
-    (void)be, (void)s;
+    (void)be;
+    g_syncs_on_host_stream += s == (berth_stream *)&g_host_stream;
     return BERTH_OK;
 }
 static berth_status fb_upload(berth_backend *be, berth_stream *s, berth_buffer *dst, uint64_t off, const void *src,
                               uint64_t n)
 {
-    (void)be, (void)s;
+    (void)be;
+    g_uploads_elsewhere += s != (berth_stream *)&g_host_stream;
     struct fake_buf *b = (struct fake_buf *)dst;
     ck_assert_uint_le(off + n, b->n);
     memcpy(b->mem + off, src, n);
@@ -1044,6 +1067,7 @@ static berth_load_params load_params(struct fake_ck *f)
     lp.act_dtype = BERTH_DTYPE_F32;
     lp.kv_dtype = BERTH_DTYPE_F32;
     lp.checkpoint = CKP(f);
+    lp.stream = (berth_stream *)&g_host_stream;
     return lp;
 }
 
@@ -1055,6 +1079,7 @@ static berth_status create_load(struct fake_ck *f, berth_model **out)
     ck_assert_int_eq(vt->create(&g_host, CKP(f), &m), BERTH_OK);
     berth_load_params lp = load_params(f);
     g_loads = 0;
+    g_streams_created = g_uploads_elsewhere = g_syncs_on_host_stream = 0;
     *out = m;
     return vt->load(m, &g_be, &lp);
 }
@@ -1076,6 +1101,22 @@ START_TEST(load_binds_spec_tensor_set)
     berth_model *m = NULL;
     ck_assert_msg(create_load(f, &m) == BERTH_OK, "load: %s", g_err);
     ck_assert_int_eq(g_loads, 98 - 6); /* every tensor but the six host-read layer scalars */
+    /* the RoPE tables went up on the host's stream, which was synced; no private stream */
+    ck_assert_int_eq(g_streams_created, 0);
+    ck_assert_int_eq(g_uploads_elsewhere, 0);
+    ck_assert_int_ge(g_syncs_on_host_stream, 1);
+    VT()->destroy(m);
+    ck_free(f);
+
+    /* a host older than ABI 0.2 passes no stream: refused, not guessed */
+    f = ck_new(TINY);
+    tiny_tensors(f, "model.", BERTH_DTYPE_F32);
+    m = NULL;
+    ck_assert_int_eq(VT()->create(&g_host, CKP(f), &m), BERTH_OK);
+    berth_load_params old = load_params(f);
+    old.struct_size = (uint32_t)BERTH_SIZE_TO(berth_load_params, checkpoint);
+    ck_assert_int_eq(VT()->load(m, &g_be, &old), BERTH_E_ABI);
+    ck_assert_str_eq(g_err, "gemma4: load parameters lack the host's stream (ABI 0.2)");
     VT()->destroy(m);
     ck_free(f);
 
@@ -1084,12 +1125,12 @@ START_TEST(load_binds_spec_tensor_set)
     tiny_tensors(f, "model.", BERTH_DTYPE_BF16);
     m = NULL;
     ck_assert_int_eq(VT()->create(&g_host, CKP(f), &m), BERTH_OK);
-    const berth_requirement *r = NULL;
+    const berth_requirement *const *r = NULL;
     int32_t n = 0;
     VT()->requirements(m, &r, &n);
     for (int i = 0; i < n; i++)
-        if (r[i].op == BERTH_OP_MATMUL && strstr(r[i].what, "q_proj"))
-            ck_assert_int_eq(((const berth_matmul_params *)r[i].params)->w.dtype, BERTH_DTYPE_BF16);
+        if (r[i]->op == BERTH_OP_MATMUL && strstr(r[i]->what, "q_proj"))
+            ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_BF16);
     berth_load_params lp = load_params(f);
     ck_assert_msg(VT()->load(m, &g_be, &lp) == BERTH_OK, "load: %s", g_err);
     VT()->destroy(m);
@@ -1138,21 +1179,32 @@ START_TEST(load_rejects_wrong_shape_dtype_unknown)
     tiny_tensors(f, "model.", BERTH_DTYPE_F32);
     remove_t(f, "model.layers.2.self_attn.q_proj.weight"); /* full layer: [4*32, 64] */
     add_t(f, BERTH_DTYPE_F32, 2, 64, 64, "model.layers.2.self_attn.q_proj.weight");
-    load_fails(f, BERTH_E_INVALID,
-               "tiny: tensor 'model.layers.2.self_attn.q_proj.weight' has shape [64, 64], expected [128, 64]");
+    load_fails(f, BERTH_E_INVALID, "tiny/model-00001-of-00002.safetensors: tensor "
+                                   "'model.layers.2.self_attn.q_proj.weight' has shape [64, 64], expected [128, 64]");
 
     f = ck_new(TINY);
     tiny_tensors(f, "model.", BERTH_DTYPE_F32);
     remove_t(f, "model.layers.4.mlp.down_proj.weight"); /* double-wide: [64, 256] */
     add_t(f, BERTH_DTYPE_F32, 2, 64, 128, "model.layers.4.mlp.down_proj.weight");
+    load_fails(f, BERTH_E_INVALID, "tiny/model-00002-of-00002.safetensors: tensor "
+                                   "'model.layers.4.mlp.down_proj.weight' has shape [64, 128], expected [64, 256]");
+
+    /* a host that does not say which shard (older than ABI 0.2): the directory is named instead */
+    f = ck_new(TINY);
+    tiny_tensors(f, "model.", BERTH_DTYPE_F32);
+    remove_t(f, "model.layers.4.mlp.down_proj.weight");
+    add_t(f, BERTH_DTYPE_F32, 2, 64, 128, "model.layers.4.mlp.down_proj.weight");
+    g_no_file = 1;
     load_fails(f, BERTH_E_INVALID,
                "tiny: tensor 'model.layers.4.mlp.down_proj.weight' has shape [64, 128], expected [64, 256]");
+    g_no_file = 0;
 
     f = ck_new(TINY);
     tiny_tensors(f, "model.", BERTH_DTYPE_F32);
     remove_t(f, "model.norm.weight");
     add_t(f, BERTH_DTYPE_I32, 1, 64, 0, "model.norm.weight");
-    load_fails(f, BERTH_E_UNSUPPORTED, "tiny: tensor 'model.norm.weight' has dtype i32, expected f32, bf16 or f16");
+    load_fails(f, BERTH_E_UNSUPPORTED, "tiny/model-00001-of-00002.safetensors: tensor 'model.norm.weight' has dtype "
+                                       "i32, expected f32, bf16 or f16");
 
     f = ck_new(TINY);
     tiny_tensors(f, "model.", BERTH_DTYPE_F32);
@@ -1270,15 +1322,9 @@ START_TEST(forward_wiring)
             ck_assert_int_lt(n_app, 3);
             ck_assert_uint_eq(c->p.kv.kv.k_offset, app_off[n_app]);
             ck_assert_uint_eq(c->p.kv.slots.offset, n_app == 2 ? 78u : 77u);
-            ck_assert_int_eq(c->p.kv.v_norm_mode, BERTH_NORM_W);
-            /* the V norm weight is a vector of ones in the model's constant buffer */
-            const struct fake_buf *cb = (const struct fake_buf *)c->p.kv.v_norm.buf;
-            ck_assert_ptr_nonnull(cb);
-            for (int64_t j = 0; j < c->p.kv.v_norm.ne[0]; j++) {
-                float one;
-                memcpy(&one, cb->mem + c->p.kv.v_norm.offset + 4 * j, 4);
-                ck_assert(one == 1.0f);
-            }
+            /* the V norm is weightless: mode UNIT and no weight tensor */
+            ck_assert_int_eq(c->p.kv.v_norm_mode, BERTH_NORM_UNIT);
+            ck_assert_ptr_null(c->p.kv.v_norm.buf);
             /* RoPE table of the layer type, pairs and offset per §3.4 */
             const int full = n_app == 2;
             ck_assert_int_eq(c->p.kv.rope_n_pairs, full ? 4 : 8);

@@ -381,8 +381,9 @@ START_TEST(test_misshaped_tensor)
     write_checkpoint(model, &o);
     struct result r = GEN("--prompt-ids", "2,17,9");
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s: tensor 'model.layers.0.self_attn.q_proj.weight' has shape [32, 33], expected "
-             "[32, 32]", model);
+    /* the message names the shard file that holds the tensor (berth_tensor_info.file) */
+    snprintf(msg, sizeof msg, "%s/model.safetensors: tensor 'model.layers.0.self_attn.q_proj.weight' has shape "
+             "[32, 33], expected [32, 32]", model);
     expect_error(&r, msg);
     result_free(&r);
 }

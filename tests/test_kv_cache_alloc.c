@@ -104,11 +104,11 @@ START_TEST(test_strides_and_view)
     struct kv_cache_params p = params(7680, 2);
     ck_assert_int_eq(kv_cache_create(fake_backend(), &layout2, &p, &kv), BERTH_OK);
     ck_assert_uint_eq(kv_block_bytes(kv, 0), 512);
-    ck_assert_uint_eq(kv_block_bytes(kv, 1), 256);
+    ck_assert_uint_eq(kv_block_bytes(kv, 1), 224); /* K 4 tokens * 8 f32 + V 4 tokens * 6 f32: no padding */
     ck_assert_int_eq(n_allocs, 2);
     ck_assert_int_eq(last_usage, BERTH_USAGE_KV);
     ck_assert_uint_eq(last_alloc_bytes[0], (uint64_t)kv_blocks_total(kv, 0) * 512);
-    ck_assert_uint_eq(last_alloc_bytes[1], (uint64_t)kv_blocks_total(kv, 1) * 256);
+    ck_assert_uint_eq(last_alloc_bytes[1], (uint64_t)kv_blocks_total(kv, 1) * 224);
 
     berth_tensor bt = {0}, sl = {0};
     bt.ne[0] = 3;
@@ -117,12 +117,18 @@ START_TEST(test_strides_and_view)
     kv_group_batch(kv, 1, &bt, &sl, &gb);
     ck_assert_ptr_nonnull(gb.pool.k_buf);
     ck_assert_ptr_eq(gb.pool.k_buf, gb.pool.v_buf);
-    ck_assert_uint_eq(gb.pool.head_stride, 32);  /* max(8, 6) f32 */
-    ck_assert_uint_eq(gb.pool.token_stride, 32); /* one head */
+    ck_assert_uint_eq(gb.pool.head_stride, 32);    /* K: 8 f32 */
+    ck_assert_uint_eq(gb.pool.token_stride, 32);   /* one head */
+    ck_assert_uint_eq(gb.pool.v_head_stride, 24);  /* V: its own 6 f32, not max(8, 6) */
+    ck_assert_uint_eq(gb.pool.v_token_stride, 24);
     ck_assert_uint_eq(gb.pool.k_offset, 0);
-    ck_assert_uint_eq(gb.pool.v_offset, 128);    /* after the K plane: 4 tokens * 32 B */
-    ck_assert_uint_eq(gb.layer_stride, 256);
-    ck_assert_uint_eq(gb.pool.block_stride, 256);
+    ck_assert_uint_eq(gb.pool.v_offset, 128);      /* after the K plane: 4 tokens * 32 B */
+    ck_assert_uint_eq(gb.layer_stride, 224);       /* K plane 128 + V plane 96 */
+    ck_assert_uint_eq(gb.pool.block_stride, 224);
+    /* the host leaves the per-group key counts absent: berth_batch.seq_kv_len applies */
+    ck_assert_ptr_null(gb.seq_kv_len.buf);
+    ck_assert_int_eq(gb.seq_kv_len.ne[0], 0);
+    ck_assert_ptr_null(gb.h_seq_kv_len);
     ck_assert_int_eq(gb.pool.block_size, 4);
     ck_assert_int_eq(gb.pool.head_dim, 8);
     ck_assert_int_eq(gb.pool.head_dim_v, 6);
@@ -135,6 +141,8 @@ START_TEST(test_strides_and_view)
     kv_group_batch(kv, 0, &bt, &sl, &gb);
     ck_assert_uint_eq(gb.pool.head_stride, 16);
     ck_assert_uint_eq(gb.pool.token_stride, 32);
+    ck_assert_uint_eq(gb.pool.v_head_stride, 16);
+    ck_assert_uint_eq(gb.pool.v_token_stride, 32);
     ck_assert_uint_eq(gb.pool.v_offset, 128);
     ck_assert_uint_eq(gb.layer_stride, 256);
     ck_assert_uint_eq(gb.pool.block_stride, 512);
@@ -147,12 +155,12 @@ START_TEST(test_memory_split)
 {
     make_layout();
     struct kv_cache *kv = NULL;
-    /* 7680 B / 768 B per block pair = 10 each; sliding cap = 2 seqs * (ceil((8 + 4 - 1) / 4) + 1) = 8 < 10, so
-     * sliding gets 8 and full gets (7680 - 8 * 512) / 256 = 14. */
+    /* 7680 B / 736 B per block pair = 10 each; sliding cap = 2 seqs * (ceil((8 + 4 - 1) / 4) + 1) = 8 < 10, so
+     * sliding gets 8 and full gets (7680 - 8 * 512) / 224 = 16. */
     struct kv_cache_params p = params(7680, 2);
     ck_assert_int_eq(kv_cache_create(NULL, &layout2, &p, &kv), BERTH_OK);
     ck_assert_int_eq(kv_blocks_total(kv, 0), 8);
-    ck_assert_int_eq(kv_blocks_total(kv, 1), 14);
+    ck_assert_int_eq(kv_blocks_total(kv, 1), 16);
     ck_assert_int_eq(kv_blocks_in_use(kv, 0), 0);
     kv_cache_free(kv);
 
@@ -163,7 +171,7 @@ START_TEST(test_memory_split)
     ck_assert_int_eq(kv_blocks_total(kv, 1), 32);
     kv_cache_free(kv);
 
-    /* Scarce: 3 * 768 = 2304 B: 3 blocks each, none capped. */
+    /* Scarce: 2304 B / 736 B per block pair: 3 blocks each, none capped. */
     p = params(2304, 2);
     ck_assert_int_eq(kv_cache_create(NULL, &layout2, &p, &kv), BERTH_OK);
     ck_assert_int_eq(kv_blocks_total(kv, 0), 3);
@@ -175,7 +183,7 @@ START_TEST(test_memory_split)
     ck_assert_int_eq(kv_cache_create(NULL, &layout2, &p, &kv), BERTH_E_INVALID);
     ck_assert_ptr_null(kv);
     ck_assert_str_eq(berth_last_error(), "[kv] memory = 700 bytes cannot hold one block of each page group (needs "
-                                         "768; group 'sliding' has 512-byte blocks)");
+                                         "736; group 'sliding' has 512-byte blocks)");
 
     p = params(2304, 2);
     p.block_size = 0;

@@ -148,8 +148,11 @@ static berth_status mm_load(berth_model *m, const berth_backend_api *be, const b
 static float *k_at(const berth_kv_group_batch *g, int32_t layer, int32_t block, int32_t off, int32_t head, int v)
 {
     const berth_kv_view *kv = &g->pool;
-    uint64_t o = (v ? kv->v_offset : kv->k_offset) + (uint64_t)layer * g->layer_stride +
-                 (uint64_t)block * kv->block_stride + (uint64_t)off * kv->token_stride + (uint64_t)head * kv->head_stride;
+    uint64_t o = (uint64_t)layer * g->layer_stride + (uint64_t)block * kv->block_stride;
+    if (v)
+        o += kv->v_offset + (uint64_t)off * kv->v_token_stride + (uint64_t)head * kv->v_head_stride;
+    else
+        o += kv->k_offset + (uint64_t)off * kv->token_stride + (uint64_t)head * kv->head_stride;
     return (float *)(((struct mock_buf *)(v ? kv->v_buf : kv->k_buf))->p + o);
 }
 
@@ -287,6 +290,9 @@ static struct runner *make_runner(int32_t max_batch_tokens, int32_t max_seqs, ui
     ck_assert_int_eq(the_model.lp.max_seqs, max_seqs);
     ck_assert_int_eq(the_model.lp.act_dtype, BERTH_DTYPE_F32);
     ck_assert_int_eq(the_model.lp.kv_dtype, BERTH_DTYPE_F32);
+    /* load() gets the runner's stream, the one every step runs on (ABI 0.2) */
+    ck_assert_uint_eq(the_model.lp.struct_size, sizeof(berth_load_params));
+    ck_assert_ptr_eq(the_model.lp.stream, (berth_stream *)&stream_token);
     return r;
 }
 
@@ -498,9 +504,10 @@ END_TEST
 
 START_TEST(test_kv_exhaustion_through_runner)
 {
-    /* Block bytes: sliding 2 layers * 2 planes * 4 tokens * 2 heads * 3 * 4 B = 384; full 1 * 2 * 4 * 1 * 4 * 4 =
-     * 128. 4 * 512 B = 4 blocks each (sliding cap 1 * (ceil((5 + 8 - 1) / 4) + 1) = 4, not binding). */
-    struct runner *r = make_runner(8, 1, 4 * 512);
+    /* Block bytes: sliding 2 layers * 2 planes * 4 tokens * 2 heads * 3 * 4 B = 384; full 1 layer * 4 tokens * 1
+     * head * (K 4 + V 2) * 4 B = 96 (V takes only its own width). 4 * 480 B = 4 blocks each (sliding cap
+     * 1 * (ceil((5 + 8 - 1) / 4) + 1) = 4, just reached). */
+    struct runner *r = make_runner(8, 1, 4 * 480);
     ck_assert_int_eq(kv_blocks_total(runner_kv(r), 0), 4);
     ck_assert_int_eq(kv_blocks_total(runner_kv(r), 1), 4);
     int32_t ids[20];

@@ -10,7 +10,13 @@
  * outer indices (ne[1]*ne[2]*ne[3] rows of ne[0] elements). Unless an op says otherwise, its tensors must be
  * row-regular: nb[0] = element size, any nb[1..3] (views into a larger tensor are allowed).
  *
- * Optional tensors are "absent" when their buf is NULL.
+ * OPTIONAL TENSORS (marked "or absent" / "optional" below). Whether one is there is decided exactly so, and
+ * supports() and execution must agree on it:
+ *   - in execution (a berth_ops call), an optional tensor is absent when its buf is NULL;
+ *   - in supports() queries, where every buf is NULL, it is absent when its ne[0] == 0 (callers leave an absent
+ *     tensor all-zero, so a memset(0) berth_tensor is absent in both cases). A present tensor has ne[0] >= 1.
+ * Tensors an op only reads in some modes (a norm weight when the mode has none, RoPE inputs when rope_n_pairs
+ * is 0, top_ids when n_top is 0) are ignored outside those modes, whatever they hold.
  */
 #ifndef BERTH_BACKEND_H
 #define BERTH_BACKEND_H
@@ -87,6 +93,9 @@ typedef struct berth_device_info {
 #define BERTH_ACT_RELU 4
 #define BERTH_ACT_SIGMOID 5
 #define BERTH_ACT_TANH 6
+#define BERTH_ACT_SOFTPLUS 7  /* log(1 + e^x), computed stably: max(x, 0) + log1p(e^-|x|) (equal to rounding to
+                               * PyTorch's softplus, whose x > 20 -> x shortcut changes nothing in fp32) (ABI 0.2) */
+#define BERTH_ACT_EXP 8       /* e^x (ABI 0.2) */
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Op parameter structs. Every one starts with struct_size (set by the caller to what it was compiled with);
@@ -110,16 +119,21 @@ typedef struct berth_get_rows_params {
     berth_tensor table, ids, y;
 } berth_get_rows_params;
 
-/* Norm weight modes and residual modes shared by RMS_NORM and LAYER_NORM. */
-#define BERTH_NORM_W_NONE 0       /* no weight */
+/* Norm weight modes (RMS_NORM's weight_mode, KV_APPEND's k_norm_mode and v_norm_mode) and residual modes
+ * (RMS_NORM and LAYER_NORM). W_NONE reads differently in the two ops: rms_norm always normalises, so there it
+ * means "no weight"; in kv_append it means "no norm at all" (a plain copy). UNIT says "normalise, no weight"
+ * unambiguously: rms_norm treats it exactly as W_NONE, kv_append normalises without a weight. */
+#define BERTH_NORM_W_NONE 0       /* rms_norm: no weight. kv_append: no norm at all */
 #define BERTH_NORM_W 1            /* * w */
 #define BERTH_NORM_W_ONE_PLUS 2   /* * (1 + w) (Gemma 2/3 style) */
+#define BERTH_NORM_UNIT 3         /* normalise, no weight (ABI 0.2) */
 #define BERTH_RESID_NONE 0        /* y = norm(x) */
 #define BERTH_RESID_ADD_AFTER 1   /* y = residual + norm(x)          (sandwich / post-norm) */
 #define BERTH_RESID_ADD_BEFORE 2  /* residual += x (in place); y = norm(residual)   (pre-norm) */
 
 /* RMS norm over ne[0] of each row: n = x / sqrt(mean(x^2) + eps), then the weight mode, then the residual mode.
- * w: ne {ne0 of x} any weight dtype, broadcast over rows. y may alias x. residual has x's shape. */
+ * weight_mode W_NONE and UNIT are the same here (no weight). w (modes W, W_ONE_PLUS only): ne {ne0 of x} any
+ * weight dtype, broadcast over rows. y may alias x. residual has x's shape. */
 typedef struct berth_rms_norm_params {
     uint32_t struct_size;
     int32_t weight_mode;
@@ -129,7 +143,7 @@ typedef struct berth_rms_norm_params {
 } berth_rms_norm_params;
 
 /* Layer norm over ne[0]: (x - mean) / sqrt(var + eps) (biased variance), * w + b (each optional), then the
- * residual mode as for RMS norm. */
+ * residual mode as for RMS norm. There is no weight mode: absent w (and b) is the weightless (UNIT) norm. */
 typedef struct berth_layer_norm_params {
     uint32_t struct_size;
     int32_t resid_mode;
@@ -197,16 +211,21 @@ typedef struct berth_copy_params {
  * The host owns the KV memory layout; it passes it to every KV op as a berth_kv_view. A pool holds n_blocks
  * blocks of block_size token slots. The K vector of (block b, slot s, kv head h) of the viewed layer starts at
  *     k_buf + k_offset + b*block_stride + s*token_stride + h*head_stride
- * and holds head_dim elements of dtype; V likewise with v_buf/v_offset and head_dim_v. A sequence's key at
- * absolute position p lives in block block_table[p / block_size], slot p % block_size. Frozen value type. */
+ * and holds head_dim elements of dtype; the V vector starts at
+ *     v_buf + v_offset + b*block_stride + s*v_token_stride + h*v_head_stride
+ * and holds head_dim_v elements, so K and V of different widths each take only their own size. A sequence's key
+ * at absolute position p lives in block block_table[p / block_size], slot p % block_size. Frozen value type
+ * (its layout changed in ABI 0.2: the V strides were added). */
 typedef struct berth_kv_view {
     berth_buffer *k_buf;
     berth_buffer *v_buf;
     uint64_t k_offset;
     uint64_t v_offset;
-    uint64_t block_stride;
-    uint64_t token_stride;
-    uint64_t head_stride;
+    uint64_t block_stride;   /* K and V */
+    uint64_t token_stride;   /* K */
+    uint64_t head_stride;    /* K */
+    uint64_t v_token_stride; /* V */
+    uint64_t v_head_stride;  /* V */
     berth_dtype dtype;
     int32_t block_size;
     int32_t n_blocks;
@@ -219,10 +238,13 @@ typedef struct berth_kv_view {
  * k: ne {head_dim, n_kv_heads, T}; v: ne {head_dim_v, n_kv_heads, T} (views allowed; f32 or an act dtype).
  * slots: ne {T} i32, slot index = block*block_size + offset within the pool; a negative slot skips the token.
  * Before storing, optionally (in this order, fp32):
- *   K: RMS norm per head over head_dim with k_norm_mode (BERTH_NORM_*, weight k_norm ne {head_dim}), then RoPE
- *      (rope_n_pairs > 0: positions ne {T} i32, rope_freqs ne {rope_n_pairs} f32, mode/pair_offset as in ROPE);
- *   V: RMS norm per head over head_dim_v with v_norm_mode (weight v_norm when mode is W/ONE_PLUS).
- * Norms use eps. With all modes NONE and rope_n_pairs 0 this is a plain scatter into the pages. */
+ *   K: RMS norm per head over head_dim as k_norm_mode says, then RoPE (rope_n_pairs > 0: positions ne {T} i32,
+ *      rope_freqs ne {rope_n_pairs} f32, mode/pair_offset as in ROPE);
+ *   V: RMS norm per head over head_dim_v as v_norm_mode says (V is never rotated).
+ * Norm modes here: BERTH_NORM_W_NONE (0) = NO NORM AT ALL, the vector is stored as given; BERTH_NORM_UNIT =
+ * x / sqrt(mean(x^2) + eps) without a weight; BERTH_NORM_W / W_ONE_PLUS = that times w / (1 + w), with the
+ * weight k_norm ne {head_dim} / v_norm ne {head_dim_v} (any weight dtype; read only in these two modes).
+ * With both modes W_NONE and rope_n_pairs 0 this is a plain scatter into the pages. */
 typedef struct berth_kv_append_params {
     uint32_t struct_size;
     int32_t k_norm_mode;
@@ -238,7 +260,7 @@ typedef struct berth_kv_append_params {
 
 /* Mask kinds for ATTENTION. */
 #define BERTH_MASK_CAUSAL 0 /* query at position p sees keys at s <= p (and s > p - window when window > 0) */
-#define BERTH_MASK_NONE 1   /* every key of the sequence (encoder self-attention, cross-attention) */
+#define BERTH_MASK_NONE 1   /* every key of the sequence (encoder self-attention, cross-attention); no window */
 
 /* Attention of a batch of sequences over the paged cache (prefill chunks and decode rows mixed).
  * q: ne {head_dim, n_heads, T} (f32 or act dtype); out: ne {head_dim_v, n_heads, T}.
@@ -249,6 +271,13 @@ typedef struct berth_kv_append_params {
  * (causal with optional sliding window: a query at p sees keys with p - window < s <= p, i.e. at most `window`
  * keys including its own position), softmax in fp32, out_h = sum_s p(h, s) v(s).
  * gate (optional, ne like out): out *= sigmoid(gate) (Qwen3.5 gated attention).
+ * Edge cases, fixed so every backend agrees:
+ *   - seq_q_start is non-decreasing from seq_q_start[0] = 0 to seq_q_start[n_seqs] = T (a sequence may have no
+ *     query rows); T > 0 with n_seqs = 0, or any other seq_q_start, is BERTH_E_INVALID at execution;
+ *   - a query only sees keys s < seq_kv_len[i]; a query row that sees no key at all (seq_kv_len 0, or a window
+ *     that ends before the first key) outputs zeros (after the gate too);
+ *   - window > 0 with BERTH_MASK_NONE is unsupported: supports() answers BERTH_E_UNSUPPORTED;
+ *   - seq_kv_len[i] must fit the block table's row (<= max_blocks * block_size), else BERTH_E_INVALID.
  * Block-table entries of blocks that no query can see (wholly outside every window) may be negative.
  * max_q_len / max_kv_len are upper bounds over the batch (host-side, for launch sizing). */
 typedef struct berth_attention_params {
@@ -280,15 +309,17 @@ typedef struct berth_conv1d_causal_params {
     berth_tensor x, w, bias, y, state, state_slots, seq_q_start;
 } berth_conv1d_causal_params;
 
-/* Gated delta rule (Gated DeltaNet), per sequence and value head, state S ne {d_v, d_k} per head:
+/* Gated delta rule (Gated DeltaNet), per sequence and value head:
  *   q, k: ne {d_k, n_k_heads, T}; v: ne {d_v, n_v_heads, T}; g: ne {n_v_heads, T} (log decay);
  *   beta: ne {n_v_heads, T} (already sigmoid'ed); out: ne {d_v, n_v_heads, T};
- *   state: ne {d_k, d_v, n_v_heads, n_slots} f32, updated in place.
+ *   state: ne {d_v, d_k, n_v_heads, n_slots} f32, updated in place. Per head S is ne {d_v, d_k}: the d_k x d_v
+ *   matrix S[i][j] (row i = key dim) stored row by row, d_v contiguous floats per key row — the layout Hugging
+ *   Face keeps ([slot][head][d_k][d_v]).
  * q/k head of value head h is h / (n_v_heads / n_k_heads). If qk_l2norm, q and k are L2-normalised per head
- * (eps 1e-6) first; q is then multiplied by scale. Recurrence for each token:
+ * (x / sqrt(sum x^2 + 1e-6)) first; q is then multiplied by scale. Recurrence for each token:
  *   S = exp(g) S;  S += beta * k (v - S^T k)^T;  out = S^T q
- * chunk_size 0 evaluates the recurrence token by token; > 0 uses the chunked (WY) form with that chunk length,
- * which equals the recurrence up to rounding. */
+ * chunk_size is a hint: > 0 suggests the chunked (WY) form with that chunk length, 0 token by token. A backend
+ * may ignore it and always evaluate the recurrence (the CPU backend does): both forms are equal up to rounding. */
 typedef struct berth_gated_delta_params {
     uint32_t struct_size;
     int32_t qk_l2norm;
@@ -320,9 +351,25 @@ typedef struct berth_log_softmax_topk_params {
  *  min_p (<= 0: off), repetition/presence/frequency penalties (1/0/0: off) applied over the row's history ids
  *  (history ne {n_hist} i32 and history_start ne {R+1} i32 on the host), seed and counter for a
  *  counter-based generator: the uniform draw of a row depends only on (seed, counter).
- * Order: penalties, temperature, top-k, softmax, top-p, min-p, draw.
- * Outputs: ids ne {R} i32; logprob ne {R} f32 (log-softmax of the penalised, temperature-free logits at the
- * chosen id; absent = not wanted); top_ids/top_logprobs ne {n_top, R} (absent when n_top = 0). */
+ * A NULL per-row array means "off" for every row: temperature NULL = greedy, top_k/top_p/min_p NULL = no
+ * filter, penalty arrays NULL = no penalty, seed/counter NULL = 0.
+ * Per row, exactly (so every backend draws the same token up to rounding of the probabilities):
+ *  1. z = logits; for each distinct history id with count c: repetition r divides a positive z by r and
+ *     multiplies a negative one by r; then z -= presence (c > 0), z -= frequency * c.
+ *  2. temperature <= 0: the id of the largest z (ties: lower id); skip to the outputs. Else w = z / temperature.
+ *  3. top-k (0 < k < V): keep the k largest w (ties: lower id).
+ *  4. softmax over the kept ids (fp32 exponentials of w - max, the sum accumulated in double).
+ *  5. top-p (< 1): order the kept ids by probability, descending (ties: lower id); keep the shortest prefix
+ *     whose cumulative probability (double) reaches top_p, at least one id.
+ *  6. min-p (> 0): keep ids whose probability is >= min_p * (the largest probability).
+ *  7. draw: (r0, r1, r2, r3) = Philox-4x32-10 (Salmon et al. 2011; multipliers 0xD2511F53, 0xCD9E8D57, key
+ *     increments 0x9E3779B9, 0xBB67AE85) of counter words (counter & 0xffffffff, counter >> 32, 0, 0) under
+ *     key words (seed & 0xffffffff, seed >> 32); u = (((uint64)r0 << 32 | r1) >> 11) * 2^-53, in [0, 1).
+ *     Walk the surviving ids in INCREASING ID ORDER, summing their probabilities (double); the chosen id is the
+ *     first where the sum exceeds u * (sum over all survivors), or the last survivor if rounding leaves none.
+ * Outputs: ids ne {R} i32; logprob ne {R} f32 (log-softmax of the penalised, temperature-free logits z at the
+ * chosen id; absent = not wanted); top_ids/top_logprobs ne {n_top, R}: the n_top largest z (ties: lower id),
+ * best first, with their log-softmax (unused when n_top = 0). */
 typedef struct berth_sample_params {
     uint32_t struct_size;
     int32_t n_rows;

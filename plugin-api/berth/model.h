@@ -85,7 +85,8 @@ typedef struct berth_memory_layout {
 } berth_memory_layout;
 
 /* One op the model will run, with the exact parameters that matter for support (tensors' buf NULL, dtypes and
- * shapes set). The host passes each to the backend's supports(). */
+ * shapes set; absent optional tensors all-zero, see backend.h). The host passes each to the backend's
+ * supports(). requirements() returns an array of POINTERS to these, so the struct can grow by struct_size. */
 typedef struct berth_requirement {
     uint32_t struct_size;
     int32_t op;          /* BERTH_OP_* */
@@ -102,6 +103,13 @@ typedef struct berth_load_params {
     berth_dtype act_dtype;    /* activation dtype the host asks for (F32 unless the backend offers others) */
     berth_dtype kv_dtype;     /* element type of the KV pools the host will pass */
     const berth_checkpoint *checkpoint; /* open until destroy */
+    /* ABI 0.1: fields above. */
+    /* The host's stream on the chosen backend, for load()'s own transfers (upload constant tables, then sync);
+     * the same stream forward()/encode() will be given. Valid for the call only: the host destroys it, so the
+     * plugin must neither keep nor destroy it. Absent (older host): create a private stream, or fail with
+     * BERTH_E_ABI. */
+    berth_stream *stream;
+    /* ABI 0.2: fields above. Append below only. */
 } berth_load_params;
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -112,6 +120,10 @@ typedef struct berth_kv_group_batch {
     uint64_t layer_stride;
     berth_tensor block_table; /* ne {max_blocks, n_seqs} i32 */
     berth_tensor slots;       /* ne {n_tokens} i32: where each new token's K/V goes (negative: not stored) */
+    /* Keys per sequence in this group, ne {n_seqs} i32, when they differ from berth_batch.seq_kv_len (NLLB's
+     * CROSS groups hold the encoder input's length). Absent (buf NULL) = use berth_batch.seq_kv_len. (ABI 0.2) */
+    berth_tensor seq_kv_len;
+    const int32_t *h_seq_kv_len; /* host copy of seq_kv_len; NULL exactly when it is absent (ABI 0.2) */
 } berth_kv_group_batch;
 
 typedef struct berth_state_batch {
@@ -159,9 +171,10 @@ typedef struct berth_model_vtable {
     void (*destroy)(berth_model *m); /* (required) accepts NULL */
     berth_status (*info)(const berth_model *m, berth_model_info *out);                /* (required) */
     berth_status (*memory_layout)(const berth_model *m, berth_memory_layout *out);   /* (required) */
-    /* (required) Ops the model will run; array plugin-owned, valid until destroy. */
-    berth_status (*requirements)(const berth_model *m, const berth_requirement **out, int32_t *n);
-    /* (required) Bind weights and allocate scratch on the backend. Called once. */
+    /* (required) Ops the model will run: *out = an array of *n pointers to requirements (none NULL, each with
+     * its own struct_size); array and requirements plugin-owned, valid until destroy. */
+    berth_status (*requirements)(const berth_model *m, const berth_requirement *const **out, int32_t *n);
+    /* (required) Bind weights and allocate scratch on the backend. Called once. Transfers go on lp->stream. */
     berth_status (*load)(berth_model *m, const berth_backend_api *be, const berth_load_params *lp);
     /* (required) One step on stream s. Writes batch->logits; appends new K/V; updates states. */
     berth_status (*forward)(berth_model *m, berth_stream *s, const berth_batch *batch);

@@ -28,7 +28,9 @@
  *    struct_size: they can never grow without changing their parent's layout, so they are frozen for the
  *    whole major. tests/abi_layout.c asserts every public struct's offsets and sizes with literal numbers, so
  *    an accidental change fails the build.
- *  - 0.x is unstable: the checks above are enforced, but any 0.x minor may still break layouts. 1.0 freezes.
+ *  - 0.x is unstable: the checks above are enforced, but any 0.x minor may still break layouts, signatures and
+ *    the meaning of fields (0.2 did; docs/ABI.md, "ABI history", lists each change). Plugins built for an older
+ *    0.x minor must be rebuilt: the loader cannot tell a layout break from an append. 1.0 freezes.
  *
  * OWNERSHIP: whoever creates an object destroys it with the matching call on the same side. Destroy/free calls
  * accept NULL. Strings and arrays a plugin returns live as long as the object they came from (or, for the
@@ -58,7 +60,7 @@ extern "C" {
 #endif
 
 #define BERTH_ABI_MAJOR 0
-#define BERTH_ABI_MINOR 1
+#define BERTH_ABI_MINOR 2
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
 /* Size of a struct up to and including `field` (ignores tail padding, which is not part of the ABI). */
@@ -156,6 +158,11 @@ typedef struct berth_tensor_info {
     int32_t ndim;         /* 0..8 (0 = scalar) */
     int32_t reserved0;
     int64_t shape[8];     /* PyTorch order (outermost first), as in the safetensors header */
+    /* ABI 0.1: fields above. */
+    const char *file;     /* the shard holding it, a file name inside the checkpoint directory
+                           * ("model-00002-of-00005.safetensors"); valid while the checkpoint is open. Default
+                           * (older host): unknown, name the directory instead (ckpt_dir). */
+    /* ABI 0.2: fields above. Append below only. */
 } berth_tensor_info;
 
 struct berth_backend_api; /* defined in berth/backend.h */

@@ -94,8 +94,9 @@ static void visible_keys(const berth_attention_params *p, int64_t t, int32_t kv_
     *hi = h > *lo ? h : *lo;
 }
 
-/* Byte offset of key j of a sequence inside a pool, or -1 (and the failure recorded) for a bad table entry. */
-static int64_t key_offset(struct attn_ctx *c, int32_t seq, const int32_t *bt, int64_t j)
+/* Byte offset of the block holding key j of a sequence, or -1 (and the failure recorded) for a bad table entry.
+ * The key's slot in that block is j % block_size; K and V step over slots with their own token strides. */
+static int64_t key_block_offset(struct attn_ctx *c, int32_t seq, const int32_t *bt, int64_t j)
 {
     const berth_kv_view *kv = &c->p->kv;
     const int32_t b = bt[j / kv->block_size];
@@ -108,7 +109,7 @@ static int64_t key_offset(struct attn_ctx *c, int32_t seq, const int32_t *bt, in
         }
         return -1;
     }
-    return (int64_t)((uint64_t)b * kv->block_stride + (uint64_t)(j % kv->block_size) * kv->token_stride);
+    return (int64_t)((uint64_t)b * kv->block_stride);
 }
 
 CPU_MULTIVERSION
@@ -124,7 +125,7 @@ static void attn_item(struct attn_ctx *c, int64_t item, float *scratch)
     const int64_t hd = kv->head_dim, hdv = kv->head_dim_v;
     const int32_t n_rep = c->n_rep;
     const char *kbase = (const char *)kv->k_buf->ptr + kv->k_offset + (uint64_t)g * kv->head_stride;
-    const char *vbase = (const char *)kv->v_buf->ptr + kv->v_offset + (uint64_t)g * kv->head_stride;
+    const char *vbase = (const char *)kv->v_buf->ptr + kv->v_offset + (uint64_t)g * kv->v_head_stride;
 
     int64_t lo, hi;
     visible_keys(p, t, kv_len, &lo, &hi);
@@ -141,11 +142,12 @@ static void attn_item(struct attn_ctx *c, int64_t item, float *scratch)
     for (int32_t r = 0; r < n_rep; r++)
         mx[r] = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        const int64_t off = key_offset(c, seq, bt, lo + j);
-        if (off < 0)
+        const int64_t boff = key_block_offset(c, seq, bt, lo + j);
+        if (boff < 0)
             return;
+        const char *k = kbase + boff + (uint64_t)((lo + j) % kv->block_size) * kv->token_stride;
         for (int32_t r = 0; r < n_rep; r++) {
-            float sc = p->scale * cpu_dot(q[r], kbase + off, kv->dtype, hd);
+            float sc = p->scale * cpu_dot(q[r], k, kv->dtype, hd);
             if (p->softcap > 0.0f)
                 sc = p->softcap * tanhf(sc / p->softcap);
             scores[r * n + j] = sc;
@@ -165,9 +167,10 @@ static void attn_item(struct attn_ctx *c, int64_t item, float *scratch)
     }
     /* pass 3: weighted sum of V */
     for (int64_t j = 0; j < n; j++) {
-        const int64_t off = key_offset(c, seq, bt, lo + j);
+        const char *v = vbase + key_block_offset(c, seq, bt, lo + j) +
+                        (uint64_t)((lo + j) % kv->block_size) * kv->v_token_stride;
         for (int32_t r = 0; r < n_rep; r++)
-            cpu_axpy(acc + r * hdv, scores[r * n + j], vbase + off, kv->dtype, hdv);
+            cpu_axpy(acc + r * hdv, scores[r * n + j], v, kv->dtype, hdv);
     }
     for (int32_t r = 0; r < n_rep; r++) {
         const int64_t h = g * n_rep + r;

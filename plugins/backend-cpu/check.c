@@ -43,14 +43,14 @@ bool ck_present(const struct cpu_check *c, const berth_tensor *t)
 {
     if (c->exec)
         return t->buf != NULL;
-    return t->ndim != 0 || t->ne[0] != 0 || t->ne[1] != 0 || t->ne[2] != 0 || t->ne[3] != 0;
+    return t->ne[0] != 0;
 }
 
 bool ck_struct_size(struct cpu_check *c, const char *op, uint32_t have, size_t need)
 {
     if (have < need)
-        return ck_fail(c, BERTH_E_ABI, "%s: params struct_size %" PRIu32 " is smaller than ABI 0.1's %zu", op, have,
-                       need);
+        return ck_fail(c, BERTH_E_ABI, "%s: params struct_size %" PRIu32 " is smaller than ABI %d.%d's %zu", op, have,
+                       BERTH_ABI_MAJOR, BERTH_ABI_MINOR, need);
     return true;
 }
 
@@ -136,15 +136,16 @@ bool ck_same_shape(struct cpu_check *c, const char *op, const char *name, const 
     return true;
 }
 
-/* Byte extent of one pool (k or v) of a KV view; false on overflow. */
-static bool kv_pool_end(const berth_kv_view *kv, uint64_t offset, int32_t dim, uint64_t *end)
+/* Byte extent of one pool (K or V, with that side's strides) of a KV view; false on overflow. */
+static bool kv_pool_end(const berth_kv_view *kv, uint64_t offset, uint64_t token_stride, uint64_t head_stride,
+                        int32_t dim, uint64_t *end)
 {
     uint64_t a, b, t;
     const size_t es = cpu_dtype_size(kv->dtype);
     if (__builtin_mul_overflow((uint64_t)(kv->n_blocks - 1), kv->block_stride, &a) ||
-        __builtin_mul_overflow((uint64_t)(kv->block_size - 1), kv->token_stride, &b) ||
+        __builtin_mul_overflow((uint64_t)(kv->block_size - 1), token_stride, &b) ||
         __builtin_add_overflow(a, b, &a) ||
-        __builtin_mul_overflow((uint64_t)(kv->n_kv_heads - 1), kv->head_stride, &b) ||
+        __builtin_mul_overflow((uint64_t)(kv->n_kv_heads - 1), head_stride, &b) ||
         __builtin_add_overflow(a, b, &a) || __builtin_add_overflow(a, (uint64_t)dim * es, &t) ||
         __builtin_add_overflow(t, offset, end))
         return false;
@@ -169,15 +170,18 @@ bool ck_kv_view(struct cpu_check *c, const char *op, const berth_kv_view *kv)
     const size_t es = cpu_dtype_size(kv->dtype);
     if (!kv->k_buf || !kv->v_buf)
         return ck_fail(c, BERTH_E_INVALID, "%s: KV view has no %s buffer", op, kv->k_buf ? "V" : "K");
-    if ((kv->block_stride | kv->token_stride | kv->head_stride | kv->k_offset | kv->v_offset) % es != 0 ||
+    if ((kv->block_stride | kv->token_stride | kv->head_stride | kv->v_token_stride | kv->v_head_stride |
+         kv->k_offset | kv->v_offset) % es != 0 ||
         (uintptr_t)kv->k_buf->ptr % es != 0 || (uintptr_t)kv->v_buf->ptr % es != 0)
         return ck_fail(c, BERTH_E_INVALID, "%s: KV view offsets and strides must be multiples of the element size %zu",
                        op, es);
     uint64_t end;
-    if (!kv_pool_end(kv, kv->k_offset, kv->head_dim, &end) || end > kv->k_buf->size)
+    if (!kv_pool_end(kv, kv->k_offset, kv->token_stride, kv->head_stride, kv->head_dim, &end) ||
+        end > kv->k_buf->size)
         return ck_fail(c, BERTH_E_INVALID, "%s: KV view's K pool reaches outside its %" PRIu64 "-byte buffer", op,
                        kv->k_buf->size);
-    if (!kv_pool_end(kv, kv->v_offset, kv->head_dim_v, &end) || end > kv->v_buf->size)
+    if (!kv_pool_end(kv, kv->v_offset, kv->v_token_stride, kv->v_head_stride, kv->head_dim_v, &end) ||
+        end > kv->v_buf->size)
         return ck_fail(c, BERTH_E_INVALID, "%s: KV view's V pool reaches outside its %" PRIu64 "-byte buffer", op,
                        kv->v_buf->size);
     return true;

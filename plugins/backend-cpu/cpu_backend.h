@@ -63,8 +63,8 @@ struct cpu_check {
 
 /* Record a failure (the first one wins) and return false, so checks read `return ck_fail(...)`. */
 bool ck_fail(struct cpu_check *c, berth_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Is an optional tensor present? Execution: buf != NULL. Query (buffers are always NULL there): its shape or
- * ndim was filled in, i.e. it is not an all-zero berth_tensor. */
+/* Is an optional tensor present (berth/backend.h, top comment)? Execution: buf != NULL. Query (buffers are
+ * always NULL there): ne[0] != 0. */
 bool ck_present(const struct cpu_check *c, const berth_tensor *t);
 /* Validate one tensor: dtype in dtypes, ne >= 0, nb[0] == element size, and in exec mode a buffer that holds the
  * whole view with element-aligned addresses; `writes` rejects read-only buffers. */
@@ -75,7 +75,7 @@ bool ck_vector(struct cpu_check *c, const char *op, const char *name, const bert
 /* t has exactly the ne of ref. */
 bool ck_same_shape(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t,
                    const char *ref_name, const berth_tensor *ref);
-/* Params struct_size covers ABI 0.1's struct (BERTH_E_ABI otherwise). */
+/* Params struct_size covers the fields this ABI version's op reads (BERTH_E_ABI otherwise). */
 bool ck_struct_size(struct cpu_check *c, const char *op, uint32_t have, size_t need);
 /* The paged KV view: dtype, dims, and in exec mode both pools' extents. */
 bool ck_kv_view(struct cpu_check *c, const char *op, const berth_kv_view *kv);
@@ -169,8 +169,13 @@ CPU_DECLARE_OP(sample, berth_sample_params)
 #define CPU_OP_END(be) pthread_mutex_unlock(&(be)->exec_mu)
 
 /* Shared pieces used by more than one op. */
+/* Does a norm weight mode read a weight tensor? (W_NONE and UNIT do not.) */
+static inline bool cpu_norm_has_weight(int32_t mode)
+{
+    return mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
+}
 /* RMS-normalise n floats in place (fp32): v *= 1/sqrt(mean(v^2) + eps), then the weight mode with w (dtype wdt;
- * may be NULL for BERTH_NORM_W_NONE). */
+ * NULL unless cpu_norm_has_weight(weight_mode)). */
 void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const void *w, berth_dtype wdt);
 /* RoPE mode and pair layout fit a head of d elements (shared by rope and kv_append). */
 bool cpu_check_rope_pairs(struct cpu_check *c, const char *op, int32_t mode, int32_t pair_offset, int32_t n_pairs,
@@ -180,7 +185,7 @@ void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs
 /* Activation functions (BERTH_ACT_*), fp32 through libm. */
 static inline bool cpu_act_valid(int32_t act)
 {
-    return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_TANH;
+    return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_EXP;
 }
 static inline float cpu_act(int32_t act, float x)
 {
@@ -191,6 +196,9 @@ static inline float cpu_act(int32_t act, float x)
     case BERTH_ACT_RELU: return x > 0.0f ? x : 0.0f;
     case BERTH_ACT_SIGMOID: return 1.0f / (1.0f + expf(-x));
     case BERTH_ACT_TANH: return tanhf(x);
+    /* max(x, 0) + log1p(e^-|x|): no overflow for large x, no lost digits for very negative x. */
+    case BERTH_ACT_SOFTPLUS: return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+    case BERTH_ACT_EXP: return expf(x);
     default: return x;
     }
 }

@@ -6,11 +6,10 @@
  * Parallel over channels (conv) or value heads (delta rule), with the sequences and their tokens done in order
  * inside: each thread owns whole state rows, so two sequences naming the same slot cannot race.
  *
- * gated_delta evaluates the recurrence token by token for every chunk_size (the header allows it: the chunked
- * form equals the recurrence up to rounding). Its state matrix S (d_k x d_v, row index = key dim) is stored as
- * Hugging Face keeps it, [slot][head][d_k][d_v], i.e. ne {d_v, d_k, n_v_heads, n_slots}: each key row of S is
- * d_v contiguous floats. (berth/backend.h says "S ne {d_v, d_k} per head" but lists the pool as
- * ne {d_k, d_v, ...}; the two agree only when d_k == d_v, as in every Qwen3.5 model.)
+ * gated_delta evaluates the recurrence token by token whatever chunk_size says (a hint the header lets a backend
+ * ignore: the chunked form equals the recurrence up to rounding). Its state matrix S (d_k x d_v, row index = key
+ * dim) is stored as berth/backend.h and Hugging Face lay it out, [slot][head][d_k][d_v], i.e.
+ * ne {d_v, d_k, n_v_heads, n_slots}: each key row of S is d_v contiguous floats.
  */
 #include <inttypes.h>
 #include <math.h>

@@ -1,7 +1,8 @@
 /*
  * kv.c — kv_append: write the K and V of new tokens into the paged cache, optionally RMS-normalising K (then
  * rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
- * rounded to nearest even). Negative slots skip their token.
+ * rounded to nearest even). Norm mode W_NONE stores the vector as given, UNIT normalises without a weight.
+ * K and V are addressed with their own token/head strides. Negative slots skip their token.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -36,15 +37,21 @@ bool cpu_check_kv_append(struct cpu_check *c, const berth_kv_append_params *p)
                        p->v.ne[1], p->v.ne[2], p->v.ne[3]);
     if (!ck_vector(c, op, "slots", &p->slots, T))
         return false;
-    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_W_ONE_PLUS)
+    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_UNIT)
         return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: k_norm_mode %d is not supported", p->k_norm_mode);
-    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_W_ONE_PLUS)
+    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_UNIT)
         return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: v_norm_mode %d is not supported", p->v_norm_mode);
-    if (p->k_norm_mode != BERTH_NORM_W_NONE &&
+    if (cpu_norm_has_weight(p->k_norm_mode) && !ck_present(c, &p->k_norm))
+        return ck_fail(c, BERTH_E_INVALID, "kv_append: k_norm_mode %d needs the k_norm weight, which is absent",
+                       p->k_norm_mode);
+    if (cpu_norm_has_weight(p->v_norm_mode) && !ck_present(c, &p->v_norm))
+        return ck_fail(c, BERTH_E_INVALID, "kv_append: v_norm_mode %d needs the v_norm weight, which is absent",
+                       p->v_norm_mode);
+    if (cpu_norm_has_weight(p->k_norm_mode) &&
         (!ck_tensor(c, op, "k_norm", &p->k_norm, CPU_WEIGHT_DTYPES, false) ||
          !ck_vector(c, op, "k_norm", &p->k_norm, kv->head_dim)))
         return false;
-    if (p->v_norm_mode != BERTH_NORM_W_NONE &&
+    if (cpu_norm_has_weight(p->v_norm_mode) &&
         (!ck_tensor(c, op, "v_norm", &p->v_norm, CPU_WEIGHT_DTYPES, false) ||
          !ck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
         return false;
@@ -70,8 +77,9 @@ static void kv_store_head(const berth_kv_append_params *p, const float *src, int
         return;
     }
     memcpy(tmp, src, (size_t)n * sizeof *tmp);
-    if (norm_mode != BERTH_NORM_W_NONE)
-        cpu_rms_norm_row(tmp, n, p->eps, norm_mode, cpu_data(norm_w), norm_w->dtype);
+    if (norm_mode != BERTH_NORM_W_NONE) /* UNIT: normalise, no weight (norm_w may be absent) */
+        cpu_rms_norm_row(tmp, n, p->eps, norm_mode, cpu_norm_has_weight(norm_mode) ? cpu_data(norm_w) : NULL,
+                         norm_w->dtype);
     if (rotate)
         for (int32_t j0 = 0; j0 < p->rope_n_pairs; j0 += KV_ROPE_CHUNK) {
             const int32_t nj = p->rope_n_pairs - j0 < KV_ROPE_CHUNK ? p->rope_n_pairs - j0 : KV_ROPE_CHUNK;
@@ -110,16 +118,16 @@ static void kv_task(void *arg, int tid, int nth)
                 sn[j] = sinf(a);
             }
         }
-        const uint64_t off = (uint64_t)(slot / kv->block_size) * kv->block_stride +
-                             (uint64_t)(slot % kv->block_size) * kv->token_stride;
+        const uint64_t boff = (uint64_t)(slot / kv->block_size) * kv->block_stride;
+        const uint64_t s_in_block = (uint64_t)(slot % kv->block_size);
+        const uint64_t koff = boff + s_in_block * kv->token_stride, voff = boff + s_in_block * kv->v_token_stride;
         for (int32_t h = 0; h < kv->n_kv_heads; h++) {
-            const uint64_t hoff = off + (uint64_t)h * kv->head_stride;
             const float *k = (const float *)(cpu_data(&p->k) + h * p->k.nb[1] + t * p->k.nb[2]);
             const float *v = (const float *)(cpu_data(&p->v) + h * p->v.nb[1] + t * p->v.nb[2]);
             kv_store_head(p, k, kv->head_dim, p->k_norm_mode, &p->k_norm, p->rope_n_pairs > 0, cs, sn, tmp,
-                          (char *)kv->k_buf->ptr + kv->k_offset + hoff);
+                          (char *)kv->k_buf->ptr + kv->k_offset + koff + (uint64_t)h * kv->head_stride);
             kv_store_head(p, v, kv->head_dim_v, p->v_norm_mode, &p->v_norm, 0, NULL, NULL, tmp,
-                          (char *)kv->v_buf->ptr + kv->v_offset + hoff);
+                          (char *)kv->v_buf->ptr + kv->v_offset + voff + (uint64_t)h * kv->v_head_stride);
         }
     }
 }

@@ -52,11 +52,11 @@ bool cpu_check_rms_norm(struct cpu_check *c, const berth_rms_norm_params *p)
     static const char op[] = "rms_norm";
     if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rms_norm_params, y)))
         return false;
-    if (p->weight_mode < BERTH_NORM_W_NONE || p->weight_mode > BERTH_NORM_W_ONE_PLUS)
+    if (p->weight_mode < BERTH_NORM_W_NONE || p->weight_mode > BERTH_NORM_UNIT)
         return ck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: weight_mode %d is not supported", p->weight_mode);
     if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
         return false;
-    if (p->weight_mode != BERTH_NORM_W_NONE)
+    if (cpu_norm_has_weight(p->weight_mode)) /* W_NONE and UNIT: no weight */
         return check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
     return true;
 }
@@ -65,7 +65,7 @@ static void rms_norm_range(const void *arg, int64_t r0, int64_t r1)
 {
     const berth_rms_norm_params *p = arg;
     const int64_t n = p->x.ne[0];
-    const void *w = p->weight_mode != BERTH_NORM_W_NONE ? cpu_data(&p->w) : NULL;
+    const void *w = cpu_norm_has_weight(p->weight_mode) ? cpu_data(&p->w) : NULL;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = (const float *)cpu_row(&p->x, r);
         float *y = (float *)cpu_row(&p->y, r);

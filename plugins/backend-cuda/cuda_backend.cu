@@ -6,7 +6,10 @@
  * streams (cudaStream_t) and buffers (cudaMalloc, pinned cudaMallocHost for staging) with ordered transfers.
  * What is NOT here yet is every compute op: get_ops() returns a table whose op pointers are all NULL and
  * supports() answers BERTH_E_UNSUPPORTED, so the registry never picks this backend for a model. The CUDA issue
- * fills in the ops (and then the dtype sets and BERTH_CAP_GRAPHS).
+ * fills in the ops (and then the dtype sets and BERTH_CAP_GRAPHS), matching what berth/backend.h fixes as of
+ * ABI 0.2 so both backends agree: the sampling draw (Philox-4x32-10, increasing-id walk), the attention edge
+ * cases, kv_append's norm modes (W_NONE = no norm, UNIT = weightless), K and V addressed with their own strides,
+ * the gated_delta state layout, and absent optional tensors (buf NULL; ne[0] == 0 in supports()).
  *
  * Rules this file keeps (plugin.h): CUDA is initialised lazily — nothing in berth_plugin_entry or in static
  * constructors touches the runtime, so the .so loads on machines without a driver. Every CUDA/cuBLAS error

@@ -68,8 +68,6 @@ static berth_status build_rope(berth_model *m)
         if (!m->rope_freqs[t])
             return g4_fail(m->host, BERTH_E_NOMEM, "out of memory building RoPE tables");
         m->rope_pairs[t] = g4_rope_freqs(&c->rope[t], d, m->rope_freqs[t]);
-        if (d > m->ones_len)
-            m->ones_len = d;
     }
     return BERTH_OK;
 }
@@ -139,15 +137,15 @@ static berth_status g4_memory_layout(const berth_model *m, berth_memory_layout *
     return BERTH_OK;
 }
 
-static berth_status g4_requirements(const berth_model *m, const berth_requirement **out, int32_t *n)
+static berth_status g4_requirements(const berth_model *m, const berth_requirement *const **out, int32_t *n)
 {
-    *out = m->reqs;
+    *out = (const berth_requirement *const *)m->reqs;
     *n = m->n_reqs;
     return BERTH_OK;
 }
 
-/* RoPE tables and the ones vector, uploaded once on a private stream (load() is not given one). */
-static berth_status upload_constants(berth_model *m)
+/* RoPE tables, uploaded once on the host's stream s and synced (the staging copy is freed right after). */
+static berth_status upload_constants(berth_model *m, berth_stream *s)
 {
     const berth_backend_api *be = m->be;
     uint64_t at = 0;
@@ -155,30 +153,21 @@ static berth_status upload_constants(berth_model *m)
         m->rope_off[t] = at;
         at += (uint64_t)m->rope_pairs[t] * sizeof(float);
     }
-    m->ones_off = at;
-    at += (uint64_t)m->ones_len * sizeof(float);
     if (at == 0)
         return BERTH_OK;
 
-    float *host = malloc(at);
+    char *host = malloc(at);
     if (!host)
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory staging gemma4 constants");
     for (int t = 0; t < G4_N_TYPES; t++)
         if (m->rope_pairs[t] > 0)
-            memcpy((char *)host + m->rope_off[t], m->rope_freqs[t], (size_t)m->rope_pairs[t] * sizeof(float));
-    for (int i = 0; i < m->ones_len; i++)
-        host[m->ones_off / sizeof(float) + (uint64_t)i] = 1.0f;
+            memcpy(host + m->rope_off[t], m->rope_freqs[t], (size_t)m->rope_pairs[t] * sizeof(float));
 
-    berth_stream *s = NULL;
     berth_status st = be->vt->buffer_alloc(be->be, at, BERTH_USAGE_WEIGHTS, &m->const_buf);
-    if (st == BERTH_OK)
-        st = be->vt->stream_create(be->be, &s);
     if (st == BERTH_OK)
         st = be->vt->buffer_upload(be->be, s, m->const_buf, 0, host, at);
     if (st == BERTH_OK)
         st = be->vt->stream_sync(be->be, s);
-    if (s)
-        be->vt->stream_destroy(be->be, s);
     free(host);
     return st;
 }
@@ -191,6 +180,8 @@ static berth_status g4_load(berth_model *m, const berth_backend_api *be, const b
         return g4_fail(m->host, BERTH_E_INVALID, "gemma4: load called twice");
     if (!BERTH_HAS(lp, berth_load_params, checkpoint) || !lp->checkpoint)
         return g4_fail(m->host, BERTH_E_ABI, "gemma4: load parameters lack the checkpoint");
+    if (!BERTH_HAS(lp, berth_load_params, stream) || !lp->stream)
+        return g4_fail(m->host, BERTH_E_ABI, "gemma4: load parameters lack the host's stream (ABI 0.2)");
     if (lp->max_batch_tokens < 1)
         return g4_fail(m->host, BERTH_E_INVALID, "gemma4: max_batch_tokens = %d must be positive",
                        lp->max_batch_tokens);
@@ -202,7 +193,7 @@ static berth_status g4_load(berth_model *m, const berth_backend_api *be, const b
     if (st == BERTH_OK)
         st = g4_scratch_alloc(m, lp->max_batch_tokens);
     if (st == BERTH_OK)
-        st = upload_constants(m);
+        st = upload_constants(m, lp->stream);
     if (st == BERTH_OK)
         m->loaded = 1;
     return st;

@@ -234,9 +234,7 @@ static berth_status attention_block(struct g4_step *st, int i)
         memset(&p, 0, sizeof p);
         p.struct_size = sizeof p;
         p.k_norm_mode = BERTH_NORM_W;
-        /* v_norm is a weightless RMSNorm: mode W with a vector of ones is exact (x * inv * 1.0f) and cannot be
-         * misread, whereas kv_append's mode 0 reads both as "no weight" and as "no norm" (plain scatter). */
-        p.v_norm_mode = BERTH_NORM_W;
+        p.v_norm_mode = BERTH_NORM_UNIT; /* v_norm is a weightless RMSNorm; v_norm (the tensor) stays absent */
         p.eps = (float)c->eps;
         p.rope_mode = BERTH_ROPE_HALF;
         p.rope_pair_offset = (int32_t)(hd / 2);
@@ -245,7 +243,6 @@ static berth_status attention_block(struct g4_step *st, int i)
         p.v = ly->v_from_k ? k : v;
         p.slots = g->slots;
         p.k_norm = lw->k_norm;
-        p.v_norm = g4_f32(m->const_buf, m->ones_off, hd, 1, 1);
         if (pairs > 0) {
             p.positions = b->positions;
             p.rope_freqs = rope_table(st, ly->type);
@@ -452,7 +449,9 @@ berth_status g4_requirements_build(berth_model *m)
         v->head_dim = v->head_dim_v = c->type_head_dim[t];
         v->head_stride = (uint64_t)v->head_dim * 4u;
         v->token_stride = (uint64_t)v->n_kv_heads * v->head_stride;
-        kv[g].layer_stride = 2u * (uint64_t)v->block_size * v->token_stride;
+        v->v_head_stride = (uint64_t)v->head_dim_v * 4u;
+        v->v_token_stride = (uint64_t)v->n_kv_heads * v->v_head_stride;
+        kv[g].layer_stride = (uint64_t)v->block_size * (v->token_stride + v->v_token_stride);
         v->block_stride = (uint64_t)c->group_layers[g] * kv[g].layer_stride;
         v->v_offset = (uint64_t)v->block_size * v->token_stride;
         kv[g].block_table = g4_view(NULL, 0, BERTH_DTYPE_I32, 1, 1, 1);

@@ -63,8 +63,9 @@ struct berth_model {
     berth_kv_group_desc groups[G4_N_TYPES];
     const berth_kv_group_desc *group_ptrs[G4_N_TYPES];
 
-    /* requirements(): one entry per distinct op + parameters forward() issues */
-    berth_requirement *reqs;
+    /* requirements(): one entry per distinct op + parameters forward() issues. Each requirement, its params
+     * and its text are separate allocations owned through these arrays (requirements() hands out reqs). */
+    berth_requirement **reqs;
     void **req_params;
     char **req_what;
     int n_reqs, cap_reqs;
@@ -73,14 +74,12 @@ struct berth_model {
     float *rope_freqs[G4_N_TYPES];
     int rope_pairs[G4_N_TYPES];
     uint64_t rope_off[G4_N_TYPES];
-    uint64_t ones_off; /* const_buf: max head dim ones, the weight that makes kv_append's V norm weightless */
-    int ones_len;
 
     /* set by load() */
     const berth_backend_api *be;
     berth_buffer *scratch_buf;
     struct g4_scratch scratch;
-    berth_buffer *const_buf; /* RoPE tables and the ones vector (f32) */
+    berth_buffer *const_buf; /* RoPE tables (f32) */
     int max_tokens;
     int loaded; /* load() finished: forward() may run */
 

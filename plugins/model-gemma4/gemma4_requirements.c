@@ -15,8 +15,8 @@
 
 static void canon_tensor(berth_tensor *t)
 {
-    if (t->ne[0] == 0 && t->ne[1] == 0 && t->ne[2] == 0 && t->ne[3] == 0) {
-        memset(t, 0, sizeof *t); /* absent */
+    if (t->ne[0] == 0) { /* absent in a supports() query (berth/backend.h): keep it all-zero */
+        memset(t, 0, sizeof *t);
         return;
     }
     t->buf = NULL;
@@ -108,7 +108,12 @@ static const char *act_name(int32_t act)
 
 static const char *norm_name(int32_t mode)
 {
-    return mode == BERTH_NORM_W ? "weight" : mode == BERTH_NORM_W_ONE_PLUS ? "1+weight" : "no weight";
+    switch (mode) {
+    case BERTH_NORM_W: return "weight";
+    case BERTH_NORM_W_ONE_PLUS: return "1+weight";
+    case BERTH_NORM_UNIT: return "no weight";
+    default: return "none";
+    }
 }
 
 /* A sentence for error messages: "matmul q_proj (bf16 weight [2048, 1536])". */
@@ -130,7 +135,7 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     case BERTH_OP_RMS_NORM: {
         const berth_rms_norm_params *q = p;
         char wdesc[48];
-        if (q->weight_mode == BERTH_NORM_W_NONE)
+        if (q->weight_mode == BERTH_NORM_W_NONE || q->weight_mode == BERTH_NORM_UNIT)
             snprintf(wdesc, sizeof wdesc, "no weight");
         else
             snprintf(wdesc, sizeof wdesc, "%s %s", g4_dtype_name(q->w.dtype), norm_name(q->weight_mode));
@@ -156,9 +161,9 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     }
     case BERTH_OP_KV_APPEND: {
         const berth_kv_append_params *q = p;
-        snprintf(out, n, "kv_append %s (head_dim %d, %d kv heads, K norm %s, RoPE half %d pairs, %s cache)", site,
-                 q->kv.head_dim, q->kv.n_kv_heads, norm_name(q->k_norm_mode), q->rope_n_pairs,
-                 g4_dtype_name(q->kv.dtype));
+        snprintf(out, n, "kv_append %s (head_dim %d, %d kv heads, K norm %s, RoPE half %d pairs, V norm %s, %s cache)",
+                 site, q->kv.head_dim, q->kv.n_kv_heads, norm_name(q->k_norm_mode), q->rope_n_pairs,
+                 norm_name(q->v_norm_mode), g4_dtype_name(q->kv.dtype));
         break;
     }
     case BERTH_OP_ATTENTION: {
@@ -183,14 +188,14 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     memcpy(copy, params, sz);
     canon(op, copy);
     for (int i = 0; i < m->n_reqs; i++) {
-        if (m->reqs[i].op == op && memcmp(m->req_params[i], copy, sz) == 0) {
+        if (m->reqs[i]->op == op && memcmp(m->req_params[i], copy, sz) == 0) {
             free(copy);
             return BERTH_OK;
         }
     }
     if (m->n_reqs == m->cap_reqs) {
         int ncap = m->cap_reqs ? 2 * m->cap_reqs : 32;
-        berth_requirement *r = realloc(m->reqs, (size_t)ncap * sizeof *r);
+        berth_requirement **r = realloc(m->reqs, (size_t)ncap * sizeof *r);
         if (r)
             m->reqs = r;
         void **pp = r ? realloc(m->req_params, (size_t)ncap * sizeof *pp) : NULL;
@@ -207,17 +212,19 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     char what[256];
     describe(op, copy, site, what, sizeof what);
     char *w = strdup(what);
-    if (!w) {
+    berth_requirement *r = w ? calloc(1, sizeof *r) : NULL;
+    if (!r) {
+        free(w);
         free(copy);
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
     }
-    /* Pointers into req_params / req_what stay valid when the arrays grow (they hold pointers). */
-    berth_requirement *r = &m->reqs[m->n_reqs];
-    memset(r, 0, sizeof *r);
+    /* Each requirement is its own allocation, so the pointers requirements() hands out stay valid when the
+     * arrays grow. */
     r->struct_size = sizeof *r;
     r->op = op;
     r->params = copy;
     r->what = w;
+    m->reqs[m->n_reqs] = r;
     m->req_params[m->n_reqs] = copy;
     m->req_what[m->n_reqs] = w;
     m->n_reqs++;
@@ -227,6 +234,7 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
 void g4_req_free(berth_model *m)
 {
     for (int i = 0; i < m->n_reqs; i++) {
+        free(m->reqs[i]);
         free(m->req_params[i]);
         free(m->req_what[i]);
     }

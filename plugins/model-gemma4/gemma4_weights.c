@@ -144,6 +144,16 @@ static void shape_str(char *out, size_t n, int ndim, const int64_t *shape)
         snprintf(out + k, n - k, "]");
 }
 
+/* Where a tensor lives, for messages about its contents: "DIR/SHARD.safetensors" when the host says which shard
+ * holds it (berth_tensor_info.file, ABI 0.2), else the checkpoint directory. */
+static const char *tensor_file(const char *dir, const berth_tensor_info *info, char *buf, size_t n)
+{
+    if (!BERTH_HAS(info, berth_tensor_info, file) || !info->file || !info->file[0])
+        return dir;
+    snprintf(buf, n, "%s/%s", dir, info->file);
+    return buf;
+}
+
 static float half_to_float(uint16_t hv)
 {
     unsigned sign = (hv >> 15) & 1u, ex = (hv >> 10) & 0x1fu, mant = hv & 0x3ffu;
@@ -161,8 +171,10 @@ static berth_status read_scalar(const berth_model *m, const char *dir, const str
                                 const berth_tensor_info *info)
 {
     float v;
+    char path[1200];
+    const char *file = tensor_file(dir, info, path, sizeof path);
     if (!info->data || info->nbytes < g4_dtype_size(info->dtype))
-        return g4_fail(m->host, BERTH_E_INVALID, "%s: tensor '%s' has no data", dir, e->name);
+        return g4_fail(m->host, BERTH_E_INVALID, "%s: tensor '%s' has no data", file, e->name);
     if (info->dtype == BERTH_DTYPE_F32) {
         memcpy(&v, info->data, sizeof v);
     } else {
@@ -176,7 +188,7 @@ static berth_status read_scalar(const berth_model *m, const char *dir, const str
         }
     }
     if (!isfinite(v))
-        return g4_fail(m->host, BERTH_E_INVALID, "%s: tensor '%s' holds a non-finite value", dir, e->name);
+        return g4_fail(m->host, BERTH_E_INVALID, "%s: tensor '%s' holds a non-finite value", file, e->name);
     *e->scalar = v;
     return BERTH_OK;
 }
@@ -267,8 +279,10 @@ static berth_status check_entry(const berth_model *m, const berth_checkpoint *ck
         return g4_fail(h, BERTH_E_NOT_FOUND, "%s: missing tensor '%s'", dir, e->name);
     if (st != BERTH_OK)
         return st;
+    char path[1200];
+    const char *file = tensor_file(dir, info, path, sizeof path);
     if (!weight_dtype_ok(info->dtype))
-        return g4_fail(h, BERTH_E_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected f32, bf16 or f16", dir,
+        return g4_fail(h, BERTH_E_UNSUPPORTED, "%s: tensor '%s' has dtype %s, expected f32, bf16 or f16", file,
                        e->name, g4_dtype_name(info->dtype));
     int same = info->ndim == e->ndim;
     for (int d = 0; same && d < e->ndim; d++)
@@ -276,7 +290,7 @@ static berth_status check_entry(const berth_model *m, const berth_checkpoint *ck
     if (!same) {
         shape_str(got, sizeof got, info->ndim < 0 ? 0 : info->ndim > 8 ? 8 : info->ndim, info->shape);
         shape_str(want, sizeof want, e->ndim, e->shape);
-        return g4_fail(h, BERTH_E_INVALID, "%s: tensor '%s' has shape %s, expected %s", dir, e->name, got, want);
+        return g4_fail(h, BERTH_E_INVALID, "%s: tensor '%s' has shape %s, expected %s", file, e->name, got, want);
     }
     return BERTH_OK;
 }

@@ -181,6 +181,10 @@ static float ex_act(int32_t act, float x)
         return 1.0f / (1.0f + expf(-x));
     case BERTH_ACT_TANH:
         return tanhf(x);
+    case BERTH_ACT_SOFTPLUS: /* max(x, 0) + log1p(e^-|x|): neither overflows nor cancels */
+        return (x > 0.0f ? x : 0.0f) + log1pf(expf(-fabsf(x)));
+    case BERTH_ACT_EXP:
+        return expf(x);
     default: /* BERTH_ACT_IDENTITY; others are refused before we get here */
         return x;
     }
@@ -190,7 +194,7 @@ static berth_status ex_unary_check(const berth_host *host, const berth_unary_par
 {
     if (!p || p->struct_size < BERTH_SIZE_TO(berth_unary_params, y))
         return ex_fail(host, BERTH_E_ABI, "example: unary: params missing or struct_size too small");
-    if (p->act < BERTH_ACT_IDENTITY || p->act > BERTH_ACT_TANH)
+    if (p->act < BERTH_ACT_IDENTITY || p->act > BERTH_ACT_EXP)
         return ex_fail(host, BERTH_E_UNSUPPORTED, "example: unary: unknown activation %d", p->act);
     berth_status st = ex_check_shape(host, "unary", "x", &p->x);
     if (st == BERTH_OK)

@@ -118,6 +118,25 @@ START_TEST(unary_softcap_and_silu)
     ck_assert_int_eq(vt->get_ops(be)->unary(be, st, &p), BERTH_OK);
     for (int i = 0; i < 6; i++)
         ck_assert_double_eq_tol(y[i], x[i] / (1.0 + exp(-x[i])), 1e-5);
+    /* Softplus (ABI 0.2) without overflow at x = 40 * 3 (e^120 is beyond fp32), and exp. */
+    p.act = BERTH_ACT_SOFTPLUS;
+    p.in_scale = 3.0f;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_UNARY, &p), BERTH_OK);
+    ck_assert_int_eq(vt->get_ops(be)->unary(be, st, &p), BERTH_OK);
+    for (int i = 0; i < 6; i++) {
+        const double z = 3.0 * x[i], ref = z > 0 ? z + log1p(exp(-z)) : log1p(exp(z));
+        ck_assert_double_eq_tol(y[i], ref, 1e-5 * (1 + fabs(ref)));
+    }
+    p.act = BERTH_ACT_EXP;
+    p.in_scale = 0.5f;
+    ck_assert_int_eq(vt->get_ops(be)->unary(be, st, &p), BERTH_OK);
+    for (int i = 0; i < 6; i++)
+        ck_assert_double_eq_tol(y[i], exp(0.5 * x[i]), 1e-5 * exp(0.5 * x[i]));
+    p.act = BERTH_ACT_EXP + 1;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_UNARY, &p), BERTH_E_UNSUPPORTED);
+    ck_assert_str_eq(last_error, "example: unary: unknown activation 9");
+    p.act = BERTH_ACT_SILU;
+    p.in_scale = 1.0f;
     /* x is read-only: writing it is refused, not done. */
     p.y = p.x;
     ck_assert_int_eq(vt->get_ops(be)->unary(be, st, &p), BERTH_E_INVALID);

@@ -3,7 +3,9 @@
  *
  * It handles config.json model_type TM_TYPE and requires two ops: matmul (f32 weights) and attention with the
  * head_dim from its [model.NAME] head_dim key (default 64), so tests can ask for an op a backend lacks or a
- * parameter its supports() refuses. It never runs: load() and forward() fail with BERTH_E_UNSUPPORTED and say so.
+ * parameter its supports() refuses. Its bad_requirement key ("null" or "small") makes the second entry of its
+ * requirement list a NULL pointer or a struct too small to read, to test that the host refuses a malformed list
+ * without crashing. It never runs: load() and forward() fail with BERTH_E_UNSUPPORTED and say so.
  * Test scaffolding, not a model.
  *
  * Switches: TM_NAME, TM_TYPE, TM_NULL_FORWARD.
@@ -26,6 +28,7 @@ struct berth_model {
     berth_attention_params attention;
     char attention_what[64];
     berth_requirement reqs[2];
+    const berth_requirement *req_ptrs[2]; /* requirements() hands out pointers (ABI 0.2) */
     berth_kv_group_desc group;
     const berth_kv_group_desc *groups[1];
 };
@@ -90,6 +93,13 @@ static berth_status tm_create(const berth_host *host, const berth_checkpoint *ck
     snprintf(m->attention_what, sizeof m->attention_what, "attention (head_dim %ld, window 0)", head_dim);
     m->reqs[0] = (berth_requirement){sizeof(berth_requirement), BERTH_OP_MATMUL, &m->matmul, "matmul (f32 weights)"};
     m->reqs[1] = (berth_requirement){sizeof(berth_requirement), BERTH_OP_ATTENTION, &m->attention, m->attention_what};
+    m->req_ptrs[0] = &m->reqs[0];
+    m->req_ptrs[1] = &m->reqs[1];
+    const char *bad = host->config_get(host->ctx, "bad_requirement");
+    if (bad && strcmp(bad, "null") == 0)
+        m->req_ptrs[1] = NULL;
+    else if (bad && strcmp(bad, "small") == 0)
+        m->reqs[1].struct_size = 8; /* covers struct_size and op, not params */
     m->group = (berth_kv_group_desc){sizeof(berth_kv_group_desc), BERTH_KV_FULL, 0, 1, 2, (int32_t)head_dim,
                                      (int32_t)head_dim, "full"};
     m->groups[0] = &m->group;
@@ -122,9 +132,9 @@ static berth_status tm_memory_layout(const berth_model *m, berth_memory_layout *
     return BERTH_OK;
 }
 
-static berth_status tm_requirements(const berth_model *m, const berth_requirement **out, int32_t *n)
+static berth_status tm_requirements(const berth_model *m, const berth_requirement *const **out, int32_t *n)
 {
-    *out = m->reqs;
+    *out = m->req_ptrs;
     *n = 2;
     return BERTH_OK;
 }
