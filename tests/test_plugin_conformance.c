@@ -44,6 +44,8 @@ static const struct expect expected[] = {
     {"backend_nullmember.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "nullmember",
      "backend vtable member 'buffer_alloc' is NULL"},
     {"backend_nullvtable.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "nullvtable", "backend vtable is NULL"},
+    {"backend_oldminor.so", PLUGIN_REJECTED, 0, NULL,
+     "plugin ABI 0.1 predates host ABI 0.2 (0.x minors older than 0.2 are not layout-compatible): rebuild the plugin"},
     {"backend_probefail.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "probefail",
      "probe failed: probefail: driver not responding"},
     {"backend_smalldesc.so", PLUGIN_REJECTED, 0, NULL,
@@ -176,7 +178,7 @@ START_TEST(loaded_plugins_are_probed_and_wired)
 
     struct plugin *cpu = registry_find(reg, BERTH_PLUGIN_BACKEND, "testcpu");
     ck_assert_ptr_nonnull(cpu);
-    ck_assert_ptr_eq(cpu, &reg->plugins[14]); /* the first of the two "testcpu"s */
+    ck_assert_ptr_eq(cpu, &reg->plugins[15]); /* the first of the two "testcpu"s */
     ck_assert_int_eq(cpu->probe.n_devices, 1);
     ck_assert_str_eq(cpu->probe.message, "1 test device");
     ck_assert_ptr_nonnull(cpu->devices);

@@ -157,7 +157,7 @@ START_TEST(conformance_listing)
                            "(skipped)\n",
                            ini, plugdir);
     ck_assert_str_eq(err, warning);
-    char *folders = ts_fmt("Plugin folders:\n  %s: 21 plugin files\n\nPlugins: 22 found, 7 loaded\n", plugdir);
+    char *folders = ts_fmt("Plugin folders:\n  %s: 22 plugin files\n\nPlugins: 23 found, 7 loaded\n", plugdir);
     ck_assert_msg(strstr(out, folders) != NULL, "%s", out);
 
     static const struct {
@@ -291,7 +291,7 @@ START_TEST(model_selection_is_printed)
     ck_assert_int_eq(run(&out, &err, env, "plugins", "--config", ini, "--model", ck), 1);
     ck_assert_ptr_nonnull(strstr(err, "berth: error: BERTH_BACKEND=nosuch: no backend plugin named 'nosuch' is loaded "
                                       "(loaded backends: initfail, newminor, noattn, testcpu, zerodev)\n"));
-    ck_assert_ptr_nonnull(strstr(out, "Plugins: 22 found, 7 loaded\n"));
+    ck_assert_ptr_nonnull(strstr(out, "Plugins: 23 found, 7 loaded\n"));
     free(out), free(err);
 
     /* A folder that is not a checkpoint: checkpoint.c's message, exit 1. */

@@ -28,7 +28,8 @@
  *    struct_size: they can never grow without changing their parent's layout, so they are frozen for the
  *    whole major. tests/abi_layout.c asserts every public struct's offsets and sizes with literal numbers, so
  *    an accidental change fails the build.
- *  - 0.x is unstable: the checks above are enforced, but any 0.x minor may still break layouts, signatures and
+ *  - 0.x is unstable: the host rejects plugins built for an older 0.x minor (BERTH_ABI_MINOR_MIN) and asks for
+ *    a rebuild; the checks above are enforced, but any 0.x minor may still break layouts, signatures and
  *    the meaning of fields (0.2 did; docs/ABI.md, "ABI history", lists each change). Plugins built for an older
  *    0.x minor must be rebuilt: the loader cannot tell a layout break from an append. 1.0 freezes.
  *
@@ -61,6 +62,9 @@ extern "C" {
 
 #define BERTH_ABI_MAJOR 0
 #define BERTH_ABI_MINOR 2
+/* Oldest minor the host accepts within this major. While the ABI is 0.x every minor may break layouts, so this
+ * equals BERTH_ABI_MINOR; from 1.0 on it is 0 (any minor is bridged by struct_size). */
+#define BERTH_ABI_MINOR_MIN 2
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
 /* Size of a struct up to and including `field` (ignores tail padding, which is not part of the ABI). */
