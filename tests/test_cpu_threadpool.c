@@ -5,7 +5,9 @@
  * and return only after every call has finished. The stress tests hunt for lost wake-ups and races between
  * runs: many pools of 2..8 threads created and destroyed, thousands of tiny runs with nth < n and nth = n, tasks
  * that sometimes sleep or yield, gaps between runs long enough for the workers to go to sleep, runs straight
- * after create and destroy straight after a run. A hang is caught by check's per-test timeout.
+ * after create and destroy straight after a run. A run started while another is in progress on the same pool
+ * (a task calling cpu_pool_run, or two host threads sharing a pool) must run serially, never hang or drop a
+ * call: the pool before this test hung or lost task calls there. A hang is caught by check's per-test timeout.
  * The seed comes from the clock or BERTH_TEST_SEED; BERTH_POOL_STRESS_MS sets each stress test's duration.
  */
 #include <check.h>
@@ -26,7 +28,7 @@
 #define MAX_THREADS 8
 
 static uint64_t g_seed;
-static long g_stress_ms = 700;
+static long g_stress_ms = 500;
 
 #define CHECK(cond, fmt, ...) ck_assert_msg((cond), "[seed %" PRIu64 "] " fmt, g_seed, ##__VA_ARGS__)
 
@@ -59,6 +61,7 @@ struct run_log {
     atomic_int tid0_thread; /* tid 0 ran somewhere other than on the caller */
     int expect_nth;
     pthread_t caller;
+    int check_caller; /* tid 0 must run on `caller` */
     int sleepy; /* 0: tasks return at once; else 1 in `sleepy` calls sleeps or yields */
     uint64_t seed;
 };
@@ -72,6 +75,7 @@ static void log_reset(struct run_log *l, int expect_nth, int sleepy, uint64_t se
     atomic_store(&l->tid0_thread, 0);
     l->expect_nth = expect_nth;
     l->caller = pthread_self();
+    l->check_caller = 1;
     l->sleepy = sleepy;
     l->seed = seed;
 }
@@ -93,7 +97,7 @@ static void log_task(void *ctx, int tid, int nth)
         atomic_fetch_add(&l->wrong_tid, 1);
         return;
     }
-    if (tid == 0 && !pthread_equal(pthread_self(), l->caller))
+    if (tid == 0 && l->check_caller && !pthread_equal(pthread_self(), l->caller))
         atomic_fetch_add(&l->tid0_thread, 1);
     /* Counted last: cpu_pool_run must not return before this store, even after a sleep. */
     atomic_fetch_add(&l->calls[tid], 1);
@@ -301,6 +305,126 @@ START_TEST(test_two_host_threads_own_pools)
 }
 END_TEST
 
+/* ---- misuse: a run while another is in progress (threadpool.h: it runs serially on its own thread) ---- */
+
+/* A run whose task calls cpu_pool_run again from tid `nester`: the inner run must execute once, as tid 0 of 1,
+ * and the outer run must still reach every tid once. */
+struct nest_ctx {
+    struct cpu_pool *pool;
+    int nester;
+    struct run_log outer, inner;
+};
+
+static void nest_task(void *ctx, int tid, int nth)
+{
+    struct nest_ctx *c = ctx;
+    if (tid == c->nester)
+        cpu_pool_run(c->pool, nth, log_task, &c->inner);
+    log_task(&c->outer, tid, nth);
+}
+
+START_TEST(test_nested_run_is_serial)
+{
+    const int n = 4;
+    struct cpu_pool *p = NULL;
+    ck_assert_int_eq(cpu_pool_create(n, &p), 0);
+    struct nest_ctx *c = malloc(sizeof *c);
+    c->pool = p;
+    for (int nester = 0; nester < n; nester++)
+        for (int r = 0; r < 200; r++) {
+            c->nester = nester;
+            log_reset(&c->outer, n, 0, 0);
+            log_reset(&c->inner, 1, 0, 0);
+            c->inner.check_caller = nester == 0; /* else it runs on the nesting worker */
+            cpu_pool_run(p, n, nest_task, c);
+            log_check(&c->outer, n, n, r);
+            log_check(&c->inner, n, n, r);
+        }
+    free(c);
+    cpu_pool_destroy(p);
+}
+END_TEST
+
+/* Two host threads running on one pool at once: each run must either use the pool (every tid < asked once)
+ * or run serially (tid 0 of 1 once); never lose or repeat a call, never hang. */
+struct shared_log {
+    atomic_int calls[MAX_THREADS + 1];
+    atomic_int nth_seen; /* 0 until the first call */
+    atomic_int mixed;    /* calls of one run disagreed on nth */
+};
+
+static void shared_task(void *ctx, int tid, int nth)
+{
+    struct shared_log *l = ctx;
+    int none = 0;
+    if (!atomic_compare_exchange_strong(&l->nth_seen, &none, nth) && none != nth)
+        atomic_fetch_add(&l->mixed, 1);
+    if (tid >= 0 && tid <= MAX_THREADS)
+        atomic_fetch_add(&l->calls[tid], 1);
+    if ((tid & 1) && nth > 2)
+        sched_yield();
+}
+
+struct shared_arg {
+    struct cpu_pool *pool;
+    int n;
+    uint64_t seed;
+    long runs;
+    long parallel, serial; /* how the runs went */
+    char error[160];
+};
+
+static void *shared_main(void *arg)
+{
+    struct shared_arg *a = arg;
+    uint64_t s = a->seed | 1;
+    struct shared_log *l = malloc(sizeof *l);
+    for (long r = 0; r < a->runs && !a->error[0]; r++) {
+        const int asked = 2 + (int)(rng(&s) % (uint64_t)(a->n - 1));
+        for (int t = 0; t <= MAX_THREADS; t++)
+            atomic_store(&l->calls[t], 0);
+        atomic_store(&l->nth_seen, 0);
+        atomic_store(&l->mixed, 0);
+        cpu_pool_run(a->pool, asked, shared_task, l);
+        const int nth = atomic_load(&l->nth_seen);
+        if (nth != asked && nth != 1)
+            snprintf(a->error, sizeof a->error, "run %ld, nth %d asked: the task saw nth %d", r, asked, nth);
+        if (atomic_load(&l->mixed))
+            snprintf(a->error, sizeof a->error, "run %ld: calls of one run saw different nth", r);
+        for (int t = 0; t <= MAX_THREADS; t++)
+            if (atomic_load(&l->calls[t]) != (t < nth ? 1 : 0))
+                snprintf(a->error, sizeof a->error, "run %ld, nth %d: tid %d called %d times", r, nth, t,
+                         atomic_load(&l->calls[t]));
+        if (nth == 1)
+            a->serial++;
+        else
+            a->parallel++;
+    }
+    free(l);
+    return NULL;
+}
+
+START_TEST(test_two_host_threads_share_a_pool)
+{
+    const int n = 4;
+    struct cpu_pool *p = NULL;
+    ck_assert_int_eq(cpu_pool_create(n, &p), 0);
+    struct shared_arg a[2] = {{.pool = p, .n = n, .seed = g_seed * 7, .runs = 3000},
+                              {.pool = p, .n = n, .seed = g_seed * 11, .runs = 3000}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        ck_assert_int_eq(pthread_create(&th[i], NULL, shared_main, &a[i]), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++)
+        CHECK(!a[i].error[0], "host thread %d: %s", i, a[i].error);
+    /* Every run went one way or the other, and some used the workers. */
+    ck_assert_int_eq(a[0].parallel + a[0].serial + a[1].parallel + a[1].serial, 6000);
+    ck_assert_int_gt(a[0].parallel + a[1].parallel, 0);
+    cpu_pool_destroy(p);
+}
+END_TEST
+
 int main(void)
 {
     const char *env = getenv("BERTH_TEST_SEED");
@@ -320,6 +444,8 @@ int main(void)
     tcase_add_test(tc, test_stress_sleepy_runs);
     tcase_add_test(tc, test_create_destroy_churn);
     tcase_add_test(tc, test_two_host_threads_own_pools);
+    tcase_add_test(tc, test_nested_run_is_serial);
+    tcase_add_test(tc, test_two_host_threads_share_a_pool);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
