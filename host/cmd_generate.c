@@ -1,9 +1,11 @@
 /*
- * cmd_generate.c — `berth generate`: run a prompt of token ids through a model and print the continuation.
+ * cmd_generate.c — `berth generate`: run a prompt (token ids, or text through the checkpoint's tokenizer.json,
+ * prompt_text.h) through a model and print the continuation.
  *
  * Flow: config -> plugins -> checkpoint -> model plugin + backend -> weights fit? -> prompt valid? -> load
  * (runner) -> generate -> print. Every failure is one line on stderr ("berth: error: ...") and exit 1; bad usage
- * exits 2. Output without --json: the generated ids, space separated, one line; with --json one object.
+ * exits 2. Output without --json: the generated ids, space separated, one line (with --prompt: the generated
+ * text, streamed as it comes); with --json one object, with "text" when the checkpoint has a tokenizer.json.
  */
 #include <errno.h>
 #include <jansson.h>
@@ -20,6 +22,7 @@
 #include "errors.h"
 #include "host_services.h"
 #include "registry.h"
+#include "prompt_text.h"
 #include "runner.h"
 
 /* Progress is shown while paging in checkpoints above this size, and only on a terminal. */
@@ -27,17 +30,19 @@
 #define DEFAULT_MAX_NEW_TOKENS 32
 
 static const char generate_usage[] =
-    "usage: berth generate --config FILE [--model DIR] --prompt-ids ID,ID,... [OPTIONS]\n"
+    "usage: berth generate --config FILE [--model DIR] (--prompt TEXT | --prompt-ids ID,ID,...) [OPTIONS]\n"
     "  --config FILE          the berth INI config\n"
     "  --model DIR            Hugging Face checkpoint folder (default: [model] path of the config)\n"
+    "  --prompt TEXT          prompt text, encoded with DIR/tokenizer.json (BOS added as the tokenizer does)\n"
     "  --prompt-ids LIST      prompt token ids, comma separated (e.g. 2,17,99)\n"
+    "  --prompts-file FILE    many prompts (one a line) run concurrently; see berth generate --prompts-file --help\n"
     "  --max-new-tokens N     tokens to generate at most (default 32)\n"
     "  --temperature T        0 = greedy (default); > 0 samples\n"
     "  --top-k K              keep the K most likely tokens (0 = off, default)\n"
     "  --top-p P              nucleus sampling mass in (0, 1] (1 = off, default)\n"
     "  --seed S               seed of the sampler (default 0)\n"
     "  --ignore-eos           do not stop at the model's end-of-sequence ids\n"
-    "  --json                 print one JSON object: tokens, prompt_tokens, finish_reason, stats\n"
+    "  --json                 print one JSON object: tokens, text, prompt_tokens, finish_reason, stats\n"
     "  --dump-logits FILE     write the prompt's logits, raw little-endian float32 [prompt_len, vocab]\n"
     "  -v, -vv                log more on stderr\n";
 
@@ -45,6 +50,7 @@ struct gen_args {
     const char *config_path;
     const char *model_dir;
     const char *prompt_text;
+    const char *prompt_str;   /* --prompt */
     const char *dump_path;
     int32_t *prompt;
     int32_t n_prompt;
@@ -146,6 +152,8 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
             a->model_dir = v;
         } else if ((v = option_value(argc, argv, &i, "--prompt-ids", &missing))) {
             a->prompt_text = v;
+        } else if ((v = option_value(argc, argv, &i, "--prompt", &missing))) {
+            a->prompt_str = v;
         } else if ((v = option_value(argc, argv, &i, "--max-new-tokens", &missing))) {
             if (parse_i64(v, 0, INT32_MAX, &n)) return usage_error("--max-new-tokens '%s' is not a count >= 0", v);
             a->gen.max_new = (int32_t)n;
@@ -184,8 +192,9 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         }
     }
     if (!a->config_path) return usage_error("%s", "--config FILE is required");
-    if (!a->prompt_text) return usage_error("%s", "--prompt-ids LIST is required");
-    if (parse_ids(a->prompt_text, &a->prompt, &a->n_prompt))
+    if (a->prompt_text && a->prompt_str) return usage_error("%s", "--prompt and --prompt-ids exclude each other");
+    if (!a->prompt_text && !a->prompt_str) return usage_error("%s", "--prompt-ids LIST is required");
+    if (a->prompt_text && parse_ids(a->prompt_text, &a->prompt, &a->n_prompt))
         return usage_error("--prompt-ids '%s' is not a comma-separated list of integers", a->prompt_text);
     return 0;
 }
@@ -250,9 +259,14 @@ static json_t *stats_json(struct runner *r, const struct selection *sel)
     return o;
 }
 
+/* gen_text: the generated text (NULL without a tokenizer); without --json it was already streamed for --prompt. */
 static int print_result(const struct gen_args *a, const struct runner_generation *g, struct runner *r,
-                        const struct selection *sel)
+                        const struct selection *sel, const char *gen_text, size_t gen_len)
 {
+    if (!a->json && a->prompt_str) {
+        putchar('\n');
+        return fflush(stdout) == 0 ? 0 : 1;
+    }
     if (!a->json) {
         for (int32_t i = 0; i < g->n_tokens; i++) printf(i ? " %d" : "%d", (int)g->tokens[i]);
         putchar('\n');
@@ -263,6 +277,7 @@ static int print_result(const struct gen_args *a, const struct runner_generation
     for (int32_t i = 0; i < g->n_tokens; i++) json_array_append_new(toks, json_integer(g->tokens[i]));
     json_object_set_new(o, "prompt_tokens", json_integer(a->n_prompt));
     json_object_set_new(o, "tokens", toks);
+    if (gen_text) json_object_set_new(o, "text", json_stringn(gen_text, gen_len));
     json_object_set_new(o, "finish_reason", json_string(g->finish_reason));
     json_object_set_new(o, "stats", stats_json(r, sel));
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
@@ -285,6 +300,8 @@ struct gen_state {
     FILE *dump;
     float *logits;
     struct runner_generation gen;
+    berth_tokenizer *tok;          /* DIR/tokenizer.json, when present */
+    struct prompt_stream *text;
 };
 
 static void gen_release(struct gen_state *s)
@@ -304,6 +321,8 @@ static void gen_release(struct gen_state *s)
     if (s->dump) fclose(s->dump);
     free(s->logits);
     free(s->gen.tokens);
+    prompt_stream_free(s->text);
+    tok_free(s->tok);
 }
 
 static int fail(struct gen_state *s)
@@ -315,6 +334,10 @@ static int fail(struct gen_state *s)
 
 int cmd_generate(int argc, char **argv)
 {
+    /* --prompts-file: many prompts at once through the serving engine (cmd_generate_batch.c). */
+    for (int i = 1; i < argc; i++)
+        if (strncmp(argv[i], "--prompts-file", 14) == 0 && (argv[i][14] == '\0' || argv[i][14] == '='))
+            return cmd_generate_batch(argc, argv);
     struct gen_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc) {
@@ -352,6 +375,11 @@ int cmd_generate(int argc, char **argv)
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     if (mvt->info(s.sel.model, &info) != BERTH_OK) goto out_fail;
+    /* the tokenizer is needed for --prompt and optional otherwise (--json "text") */
+    if (prompt_tokenizer_open(dir, a.prompt_str != NULL, &s.tok) != BERTH_OK) goto out_fail;
+    if (a.prompt_str && prompt_encode(s.tok, a.prompt_str, 1, &a.prompt, &a.n_prompt) != BERTH_OK) goto out_fail;
+    if (s.tok && prompt_stream_new(s.tok, (a.prompt_str && !a.json) ? stdout : NULL, &s.text) != BERTH_OK)
+        goto out_fail;
     if (runner_check_prompt(&info, dir, a.prompt, a.n_prompt, a.gen.max_new) != BERTH_OK) goto out_fail;
 
     if (a.dump_path) {
@@ -382,7 +410,8 @@ int cmd_generate(int argc, char **argv)
     rc_cfg.kv_memory = s.cfg->kv_memory_bytes;
     if (runner_create(&rc_cfg, &s.runner) != BERTH_OK) goto out_fail;
 
-    if (runner_generate(s.runner, a.prompt, a.n_prompt, &a.gen, s.logits, NULL, NULL, &s.gen) != BERTH_OK)
+    if (runner_generate(s.runner, a.prompt, a.n_prompt, &a.gen, s.logits,
+                        s.text ? prompt_stream_on_token : NULL, s.text, &s.gen) != BERTH_OK)
         goto out_fail;
 
     if (s.dump) {
@@ -401,7 +430,10 @@ int cmd_generate(int argc, char **argv)
             goto out_fail;
         }
     }
-    exit_code = print_result(&a, &s.gen, s.runner, &s.sel);
+    const char *gen_text = NULL;
+    size_t gen_text_len = 0;
+    if (s.text && prompt_stream_finish(s.text, &gen_text, &gen_text_len) != BERTH_OK) goto out_fail;
+    exit_code = print_result(&a, &s.gen, s.runner, &s.sel, gen_text, gen_text_len);
     if (exit_code) berth_fail(BERTH_E_IO, "cannot write the result to stdout");
     if (exit_code) goto out_fail;
     gen_release(&s);

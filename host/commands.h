@@ -11,5 +11,13 @@
 int cmd_plugins(int argc, char **argv);
 /* `berth generate ...` (cmd_generate.c). */
 int cmd_generate(int argc, char **argv);
+/* `berth generate --prompts-file FILE ...`: many prompts through the serving engine (cmd_generate_batch.c). */
+int cmd_generate_batch(int argc, char **argv);
+/* `berth bench --config F --model DIR --concurrency 1,4,16 --prompt-len N --gen-len M` (cmd_bench.c). */
+int cmd_bench(int argc, char **argv);
+/* `berth tokenize --model DIR [--json] TEXT` (cmd_tokenize.c). */
+int cmd_tokenize(int argc, char **argv);
+/* `berth chat --config F [--model DIR]`: interactive multi-turn chat (cmd_chat.c). */
+int cmd_chat(int argc, char **argv);
 
 #endif

@@ -26,6 +26,22 @@
  *
  * Sliding groups release blocks wholly outside the window as a sequence grows (their table entries become -1).
  *
+ * Blocks are reference-counted: kv_seq_fork shares every block of a sequence with a new one; the first write
+ * into a shared partial block copies it (copy-on-write, through the backend's buffer_copy on the stream given
+ * to kv_cache_set_stream). Full blocks are never written again, so they stay shared.
+ *
+ * Prefix cache: kv_seq_publish records a sequence's tokens once they are computed and indexes each full block
+ * under its chained hash (prefix_cache.h). A block whose last reference goes away stays indexed and moves to
+ * an LRU list ("cached"): still reusable, evicted (oldest first) only when an allocation finds no free block.
+ * kv_prefix_attach gives an empty sequence the longest cached prefix of a prompt; a sliding group only needs
+ * (and a hit requires) the blocks a query right after the prefix still sees, so a hit restores exactly what a
+ * fresh prefill leaves.
+ *
+ * Recurrent states (memory_layout.states): one pool per state with a slot per sequence (slot = sequence id),
+ * zeroed by kv_seq_new and copied by kv_seq_fork, and a separate pool of n_snapshots slots, an LRU cache of
+ * states keyed by the chain hash of the block they end (saved by kv_seq_publish when a step ends on a block
+ * boundary); a prefix hit on a recurrent model needs the snapshot at its last block and restores it.
+ *
  * Sequences are small integers in [0, max_seqs) handed out by kv_seq_new. Single-threaded: one owner drives it.
  */
 #ifndef BERTH_HOST_KV_CACHE_H
@@ -43,6 +59,16 @@ struct kv_cache_params {
     int32_t max_seq_len;    /* longest sequence (sizes the block tables); the model's context limit */
     int32_t max_chunk;      /* most new tokens of one sequence in one step ([scheduler] max_batch_tokens) */
     berth_dtype dtype;      /* element type of the pools: F32, F16 or BF16 */
+    int32_t n_snapshots;    /* state-snapshot slots (0: no snapshots; only used when the model has states) */
+};
+
+/* Counters since creation (observability; tests assert the mechanisms ran). */
+struct kv_cache_counters {
+    int64_t hit_tokens;         /* tokens attached from the prefix cache */
+    int64_t evicted_blocks;     /* cached blocks reused for new data */
+    int64_t cow_copies;         /* shared partial blocks copied before a write */
+    int64_t forks;
+    int64_t snapshots_saved, snapshots_restored, evicted_snapshots;
 };
 
 /* Create pools for every group of layout on backend be (be may be NULL: bookkeeping only, no buffers — for tests
@@ -51,12 +77,25 @@ struct kv_cache_params {
 berth_status kv_cache_create(const berth_backend_api *be, const berth_memory_layout *layout,
                              const struct kv_cache_params *p, struct kv_cache **out);
 void kv_cache_free(struct kv_cache *kv);
+/* The stream copy-on-write and state copies/zeroing run on (required with a backend and states or forks). */
+void kv_cache_set_stream(struct kv_cache *kv, berth_stream *s);
+const struct kv_cache_counters *kv_counters(const struct kv_cache *kv);
 
 int32_t kv_n_groups(const struct kv_cache *kv);
 int32_t kv_block_size(const struct kv_cache *kv);
 const char *kv_group_name(const struct kv_cache *kv, int32_t g);
 int32_t kv_blocks_total(const struct kv_cache *kv, int32_t g);
+/* Blocks referenced by some sequence. */
 int32_t kv_blocks_in_use(const struct kv_cache *kv, int32_t g);
+/* Unreferenced blocks kept for the prefix cache (evictable). */
+int32_t kv_blocks_cached(const struct kv_cache *kv, int32_t g);
+/* Blocks an allocation may take: free + cached. */
+int32_t kv_blocks_available(const struct kv_cache *kv, int32_t g);
+/* References to block of group g (-1 for a bad id). */
+int32_t kv_block_refs(const struct kv_cache *kv, int32_t g, int32_t block);
+int kv_group_is_sliding(const struct kv_cache *kv, int32_t g);
+/* Most blocks one sequence holds at once in group g (a sliding group's window bound; else the table width). */
+int32_t kv_group_seq_cap(const struct kv_cache *kv, int32_t g);
 /* Blocks one sequence can hold at most in group g (the block-table width). */
 int32_t kv_max_blocks_per_seq(const struct kv_cache *kv, int32_t g);
 /* Bytes of one block of group g (all layers, K and V). */
@@ -64,7 +103,11 @@ uint64_t kv_block_bytes(const struct kv_cache *kv, int32_t g);
 
 /* A free sequence id, length 0, no blocks. BERTH_E_NOMEM "all N sequence slots ..." when none is free. */
 berth_status kv_seq_new(struct kv_cache *kv, int32_t *seq);
-/* Return every block of seq to the free lists and the id to the pool. Ignores ids that are not in use. */
+/* A new sequence sharing every block (and token history, and recurrent state) of src. BERTH_E_NOMEM when no
+ * sequence slot is free. */
+berth_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *dst);
+/* Drop seq's reference to each of its blocks (unreferenced indexed blocks become cached, others free) and return
+ * the id to the pool. Ignores ids that are not in use. */
 void kv_seq_free(struct kv_cache *kv, int32_t seq);
 /* Tokens the sequence holds (the new_len of its last successful kv_seq_ensure). */
 int32_t kv_seq_len(const struct kv_cache *kv, int32_t seq);
@@ -77,6 +120,31 @@ int32_t kv_seq_block(const struct kv_cache *kv, int32_t seq, int32_t g, int32_t 
  *   KV cache exhausted: group 'full' needs 5 more blocks, 2 free (raise [kv] memory)
  * new_len below the current length is BERTH_E_INVALID; above max_seq_len too. */
 berth_status kv_seq_ensure(struct kv_cache *kv, int32_t seq, int32_t new_len);
+/* Blocks of group g kv_seq_ensure(seq, new_len) would take (after its sliding releases, which it does not
+ * credit): new table entries plus a copy-on-write. Requests whose needs sum to at most kv_blocks_available in
+ * every group all succeed. */
+int32_t kv_seq_blocks_needed(const struct kv_cache *kv, int32_t seq, int32_t g, int32_t new_len);
+
+/* Record tokens ids[0..n) at positions [start, start + n) of seq after the step that wrote their K/V
+ * succeeded (start = the tokens recorded so far; start + n <= kv_seq_len), and index every block they complete. */
+berth_status kv_seq_publish(struct kv_cache *kv, int32_t seq, int32_t start, const int32_t *ids, int32_t n);
+/* Tokens of ids[0..n) the prefix cache could serve now (a multiple of block_size, at most n - 1). */
+int32_t kv_prefix_match(const struct kv_cache *kv, const int32_t *ids, int32_t n);
+/* Give the empty sequence seq the longest cached prefix of ids (*cached tokens, as kv_prefix_match): its length
+ * becomes *cached and the caller computes ids[*cached..n). Restores the state snapshot on recurrent models. */
+berth_status kv_prefix_attach(struct kv_cache *kv, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached);
+
+/* Recurrent states (see above). */
+int32_t kv_n_states(const struct kv_cache *kv);
+berth_buffer *kv_state_pool(const struct kv_cache *kv, int32_t i);   /* max_seqs slots; NULL without backend */
+uint64_t kv_state_slot_bytes(const struct kv_cache *kv, int32_t i);
+const berth_state_desc *kv_state_desc(const struct kv_cache *kv, int32_t i);
+/* Copy seq's states into the snapshot slot of key (evicting the least recently used snapshot when all are
+ * taken); a no-op without snapshot slots. */
+berth_status kv_snapshot_save(struct kv_cache *kv, int32_t seq, uint64_t key);
+/* Snapshot slot holding key, or -1. */
+int32_t kv_snapshot_find(const struct kv_cache *kv, uint64_t key);
+int32_t kv_snapshots_in_use(const struct kv_cache *kv);
 
 /* One sequence's part of a step: new tokens at positions [start, start + n). */
 struct kv_seq_span {
@@ -99,9 +167,10 @@ berth_status kv_batch_tables(const struct kv_cache *kv, int32_t g, const struct 
 void kv_group_batch(const struct kv_cache *kv, int32_t g, const berth_tensor *block_table,
                     const berth_tensor *slots, berth_kv_group_batch *out);
 
-/* Check the allocator's invariants: every block is either free (once) or owned by exactly one table entry of one
- * live sequence, free + in use = total, sliding sequences hold at most their bound. BERTH_OK, or
- * BERTH_E_INTERNAL with a message naming the first violation. For tests. */
+/* Check the allocator's invariants: every block is exactly one of free (once on the free list, unindexed),
+ * cached (on the LRU list, indexed, no references) or held (its reference count equals the table entries naming
+ * it); indexed blocks hold their sequences' tokens and the index agrees; free + cached + held = total; sliding
+ * sequences hold at most their bound. BERTH_OK, or BERTH_E_INTERNAL naming the first violation. For tests. */
 berth_status kv_cache_validate(const struct kv_cache *kv);
 
 #endif

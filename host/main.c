@@ -21,6 +21,10 @@ static const char usage_text[] =
     "                  backend found and what it can do; with --model, which model plugin and backend would\n"
     "                  run the checkpoint in DIR and why the others were not chosen\n"
     "  generate ...    run a model (berth generate --help)\n"
+    "  chat ...        talk to a model, one line a turn, replies streamed (berth chat --help)\n"
+    "  bench ...       serving throughput and latency per concurrency level (berth bench --help)\n"
+    "  tokenize --model DIR [--json] TEXT\n"
+    "                  the token ids and pieces of TEXT under the checkpoint's tokenizer.json\n"
     "\n"
     "Options:\n"
     "  -v, -vv         log more on stderr (info, then debug); the default shows warnings and errors\n"
@@ -63,6 +67,12 @@ int main(int argc, char **argv)
         return cmd_plugins(argc - i, argv + i);
     if (strcmp(cmd, "generate") == 0)
         return cmd_generate(argc - i, argv + i);
+    if (strcmp(cmd, "chat") == 0)
+        return cmd_chat(argc - i, argv + i);
+    if (strcmp(cmd, "tokenize") == 0)
+        return cmd_tokenize(argc - i, argv + i);
+    if (strcmp(cmd, "bench") == 0)
+        return cmd_bench(argc - i, argv + i);
     if (strcmp(cmd, "help") == 0) {
         fputs(usage_text, stdout);
         return 0;

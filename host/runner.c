@@ -33,10 +33,7 @@ struct runner {
     struct kv_seq_span *spans;
     berth_kv_group_batch *gb;
 
-    /* Recurrent-state pools: one buffer per state, max_seqs slots (slot = sequence id). */
-    berth_buffer **state_pools;
-    uint64_t *state_slot_bytes;
-    berth_state_batch *sb;
+    berth_state_batch *sb;    /* views of the KV cache's recurrent-state pools */
 
     berth_buffer *logits;
     int32_t logits_rows;      /* rows the logits buffer holds */
@@ -168,37 +165,19 @@ static berth_status alloc_meta(struct runner *r)
     return BERTH_OK;
 }
 
+/* Tensor views of the KV cache's recurrent-state pools (slot = sequence id, outermost). */
 static berth_status alloc_states(struct runner *r)
 {
-    int32_t ns = r->layout.n_states;
+    int32_t ns = kv_n_states(r->kv);
     if (ns <= 0) return BERTH_OK;
-    r->state_pools = calloc((size_t)ns, sizeof *r->state_pools);
-    r->state_slot_bytes = calloc((size_t)ns, sizeof *r->state_slot_bytes);
     r->sb = calloc((size_t)ns, sizeof *r->sb);
-    if (!r->state_pools || !r->state_slot_bytes || !r->sb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    if (!r->sb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     for (int32_t i = 0; i < ns; i++) {
-        const berth_state_desc *d = r->layout.states ? r->layout.states[i] : NULL;
-        if (!d || d->ndim < 1 || d->ndim > 3 || dtype_size(d->dtype) == 0)
-            return berth_fail(BERTH_E_INVALID, "memory layout: state %d has a bad shape or dtype", (int)i);
+        const berth_state_desc *d = kv_state_desc(r->kv, i);
         int64_t ne[4] = {1, 1, 1, 1};
-        uint64_t bytes = (uint64_t)dtype_size(d->dtype);
-        for (int j = 0; j < d->ndim; j++) {
-            if (d->ne[j] < 1) return berth_fail(BERTH_E_INVALID, "memory layout: state '%s' has ne[%d] = %lld",
-                                                d->name, j, (long long)d->ne[j]);
-            ne[j] = d->ne[j];
-            bytes *= (uint64_t)d->ne[j];
-        }
+        for (int j = 0; j < d->ndim; j++) ne[j] = d->ne[j];
         ne[d->ndim] = r->max_seqs;
-        r->state_slot_bytes[i] = bytes;
-        berth_status st = r->be->vt->buffer_alloc(r->be->be, bytes * (uint64_t)r->max_seqs, BERTH_USAGE_STATE,
-                                                  &r->state_pools[i]);
-        if (st) {
-            r->state_pools[i] = NULL;
-            char what[128];
-            snprintf(what, sizeof what, "cannot allocate the state pool '%.32s'", d->name);
-            return fail_with_backend(st, what);
-        }
-        r->sb[i].pool = tensor_at(r->state_pools[i], 0, d->dtype, d->ndim + 1, ne);
+        r->sb[i].pool = tensor_at(kv_state_pool(r->kv, i), 0, d->dtype, d->ndim + 1, ne);
     }
     return BERTH_OK;
 }
@@ -262,8 +241,10 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     kp.max_seq_len = r->info.max_positions;
     kp.max_chunk = r->max_tokens;
     kp.dtype = BERTH_DTYPE_F32;
+    kp.n_snapshots = r->layout.n_states > 0 ? cfg->state_snapshots : 0;
     st = kv_cache_create(r->be, &r->layout, &kp, &r->kv);
     if (st) goto fail;
+    kv_cache_set_stream(r->kv, r->stream);
     r->table_cap = r->layout.n_kv_groups > 0 ? kv_max_blocks_per_seq(r->kv, 0) : 1;
 
     st = alloc_meta(r);
@@ -291,13 +272,8 @@ void runner_free(struct runner *r)
     if (r->stream) be->vt->stream_sync(be->be, r->stream);
     if (r->logits) be->vt->buffer_free(be->be, r->logits);
     if (r->meta) be->vt->buffer_free(be->be, r->meta);
-    if (r->state_pools)
-        for (int32_t i = 0; i < r->layout.n_states; i++)
-            if (r->state_pools[i]) be->vt->buffer_free(be->be, r->state_pools[i]);
     kv_cache_free(r->kv);
     if (r->stream) be->vt->stream_destroy(be->be, r->stream);
-    free(r->state_pools);
-    free(r->state_slot_bytes);
     free(r->sb);
     free(r->off_table);
     free(r->off_slots);
@@ -318,6 +294,8 @@ const berth_model_info *runner_info(const struct runner *r) { return &r->info; }
 struct kv_cache *runner_kv(struct runner *r) { return r->kv; }
 const struct runner_stats *runner_stats(const struct runner *r) { return &r->stats; }
 int32_t runner_n_logits(const struct runner *r) { return r->n_logits; }
+int32_t runner_max_batch_tokens(const struct runner *r) { return r->max_tokens; }
+int32_t runner_max_seqs(const struct runner *r) { return r->max_seqs; }
 
 berth_status runner_model_counters(const struct runner *r, berth_counter *out, int32_t cap, int32_t *n)
 {
@@ -346,17 +324,16 @@ berth_status runner_check_prompt(const berth_model_info *info, const char *model
 
 berth_status runner_seq_new(struct runner *r, int32_t *seq)
 {
-    berth_status st = kv_seq_new(r->kv, seq);
-    if (st) return st;
-    for (int32_t i = 0; i < r->layout.n_states; i++) {
-        st = r->be->vt->buffer_fill(r->be->be, r->stream, r->state_pools[i],
-                                    (uint64_t)*seq * r->state_slot_bytes[i], 0, r->state_slot_bytes[i]);
-        if (st) {
-            kv_seq_free(r->kv, *seq);
-            return fail_with_backend(st, "cannot zero a recurrent-state slot");
-        }
-    }
-    return BERTH_OK;
+    return kv_seq_new(r->kv, seq);
+}
+
+berth_status runner_seq_fork(struct runner *r, int32_t src, int32_t *dst) { return kv_seq_fork(r->kv, src, dst); }
+
+berth_status runner_seq_attach_prefix(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached)
+{
+    berth_status st = kv_prefix_attach(r->kv, seq, ids, n, cached);
+    if (!st) r->stats.cached_tokens += *cached;
+    return st;
 }
 
 void runner_seq_free(struct runner *r, int32_t seq) { kv_seq_free(r->kv, seq); }
@@ -489,12 +466,17 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         if (!berth_last_error()[0]) berth_fail(st, "model forward failed: %s", berth_status_str(st));
         return st;
     }
+    int n_dec = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         if (steps[i].is_decode)
-            r->stats.decode_steps++;
+            r->stats.decode_steps++, n_dec++;
         else
             r->stats.prefill_tokens += steps[i].n;
+        /* The step's K/V are written (in stream order): its full blocks may now serve later prefixes. */
+        st = kv_seq_publish(r->kv, steps[i].seq, r->spans[i].start, steps[i].ids, steps[i].n);
+        if (st) return st;
     }
+    if (n_dec > 0 && n_dec < n_seqs) r->stats.mixed_steps++;
     r->n_logits = n_logits;
     return BERTH_OK;
 }
@@ -567,55 +549,88 @@ static berth_status host_argmax(struct runner *r, int32_t row, int32_t *id)
     return st;
 }
 
+berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
+                                const uint64_t *counters, int32_t *ids)
+{
+    if (first < 0 || n_rows < 1 || first + n_rows > r->n_logits || n_rows > r->max_seqs)
+        return berth_fail(BERTH_E_INVALID, "cannot sample rows %d..%d: the last step made %d logit rows", (int)first,
+                          (int)(first + n_rows - 1), (int)r->n_logits);
+    const berth_ops *ops = r->be->ops;
+    int have_sample = ops && BERTH_HAS(ops, berth_ops, sample) && ops->sample;
+    if (!have_sample) {
+        for (int32_t i = 0; i < n_rows; i++) {
+            if (sp[i].temperature > 0)
+                return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
+                                  r->be->device ? r->be->device->name : "?");
+            berth_status st = host_argmax(r, first + i, &ids[i]);
+            if (st) return st;
+        }
+        return BERTH_OK;
+    }
+    /* One call for every row: per-row parameters side by side. */
+    size_t n = (size_t)n_rows;
+    float *fl = malloc(n * 6 * sizeof *fl);
+    int32_t *top_k = malloc(n * sizeof *top_k), *hist_start = calloc(n + 1, sizeof *hist_start);
+    uint64_t *seed = malloc(n * sizeof *seed);
+    if (!fl || !top_k || !hist_start || !seed) {
+        free(fl), free(top_k), free(hist_start), free(seed);
+        return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    }
+    float *temperature = fl, *top_p = fl + n, *min_p = fl + 2 * n, *rep = fl + 3 * n, *presence = fl + 4 * n,
+          *frequency = fl + 5 * n;
+    for (size_t i = 0; i < n; i++) {
+        temperature[i] = sp[i].temperature;
+        top_p[i] = sp[i].top_p;
+        min_p[i] = 0.0f;
+        rep[i] = 1.0f;
+        presence[i] = 0.0f;
+        frequency[i] = 0.0f;
+        top_k[i] = sp[i].top_k;
+        seed[i] = sp[i].seed;
+    }
+    berth_sample_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.n_rows = n_rows;
+    p.n_top = 0;
+    p.temperature = temperature;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    p.min_p = min_p;
+    p.repetition_penalty = rep;
+    p.presence_penalty = presence;
+    p.frequency_penalty = frequency;
+    p.seed = seed;
+    p.counter = counters;
+    p.history = NULL;
+    p.history_start = hist_start;
+    uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
+    p.logits = tensor_2d(r->logits, (uint64_t)first * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, n_rows);
+    p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, n_rows);
+    berth_status st = ops->sample(r->be->be, r->stream, &p);
+    if (st) {
+        st = fail_with_backend(st, "sampling failed");
+    } else {
+        st = r->be->vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, ids, n * sizeof *ids);
+        if (!st) st = r->be->vt->stream_sync(r->be->be, r->stream);
+        if (st) st = fail_with_backend(st, "cannot read the sampled tokens");
+    }
+    free(fl), free(top_k), free(hist_start), free(seed);
+    if (st) return st;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= r->info.vocab_size)
+            return berth_fail(BERTH_E_BACKEND, "the backend's sample op returned token %d, outside the vocabulary "
+                              "(size %d)", (int)ids[i], (int)r->info.vocab_size);
+    return BERTH_OK;
+}
+
 berth_status runner_sample_row(struct runner *r, int32_t row, const struct runner_sampling *sp, uint64_t counter,
                                int32_t *id)
 {
     if (row < 0 || row >= r->n_logits)
         return berth_fail(BERTH_E_INVALID, "cannot sample row %d: the last step made %d logit rows", (int)row,
                           (int)r->n_logits);
-    const berth_ops *ops = r->be->ops;
-    int have_sample = ops && BERTH_HAS(ops, berth_ops, sample) && ops->sample;
-    if (!have_sample) {
-        if (sp->temperature > 0)
-            return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
-                              r->be->device ? r->be->device->name : "?");
-        return host_argmax(r, row, id);
-    }
-    float temperature = sp->temperature, top_p = sp->top_p, min_p = 0.0f;
-    float rep = 1.0f, presence = 0.0f, frequency = 0.0f;
-    int32_t top_k = sp->top_k;
-    uint64_t seed = sp->seed, ctr = counter;
-    int32_t hist_start[2] = {0, 0};
-    berth_sample_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.n_rows = 1;
-    p.n_top = 0;
-    p.temperature = &temperature;
-    p.top_k = &top_k;
-    p.top_p = &top_p;
-    p.min_p = &min_p;
-    p.repetition_penalty = &rep;
-    p.presence_penalty = &presence;
-    p.frequency_penalty = &frequency;
-    p.seed = &seed;
-    p.counter = &ctr;
-    p.history = NULL;
-    p.history_start = hist_start;
-    uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
-    p.logits = tensor_2d(r->logits, (uint64_t)row * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, 1);
-    p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, 1);
-    berth_status st = ops->sample(r->be->be, r->stream, &p);
-    if (st) return fail_with_backend(st, "sampling failed");
-    int32_t got = -1;
-    st = r->be->vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, &got, sizeof got);
-    if (!st) st = r->be->vt->stream_sync(r->be->be, r->stream);
-    if (st) return fail_with_backend(st, "cannot read the sampled token");
-    if (got < 0 || got >= r->info.vocab_size)
-        return berth_fail(BERTH_E_BACKEND, "the backend's sample op returned token %d, outside the vocabulary "
-                          "(size %d)", (int)got, (int)r->info.vocab_size);
-    *id = got;
-    return BERTH_OK;
+    return runner_sample_rows(r, row, 1, sp, &counter, id);
 }
 
 static int is_eos(const berth_model_info *info, int32_t tok)
@@ -643,7 +658,9 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     }
     const char *finish = RUNNER_FINISH_LENGTH;
     int32_t count = 0;
-    st = runner_prefill(r, seq, prompt, n, prompt_logits != NULL, prompt_logits);
+    int32_t cached = 0;
+    if (!prompt_logits) st = runner_seq_attach_prefix(r, seq, prompt, n, &cached);
+    if (!st) st = runner_prefill(r, seq, prompt + cached, n - cached, prompt_logits != NULL, prompt_logits);
     int32_t row = r->n_logits - 1;
     for (int32_t i = 0; !st && i < max_new; i++) {
         int32_t tok;
@@ -669,5 +686,6 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     out->tokens = toks;
     out->n_tokens = count;
     out->finish_reason = finish;
+    out->cached_tokens = cached;
     return BERTH_OK;
 }

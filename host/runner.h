@@ -1,7 +1,7 @@
 /*
  * runner.h — drives one loaded model plugin on one backend: loads it, owns the paged KV cache, the per-step
  * metadata buffers and the logits buffer, builds berth_batch steps, and runs prefill (chunked), decode and
- * sampled generation.
+ * sampled generation. Every step publishes its blocks to the KV cache's prefix cache.
  *
  * A step may mix several sequences (n_seqs >= 1, prefill chunks and decode rows alike); prefill/decode/generate
  * below are the single-sequence conveniences `berth generate` and the parity tests use. The scheduler grows on
@@ -31,6 +31,7 @@ struct runner_config {
     int32_t max_seqs;                 /* sequences alive at once (1 for `berth generate`) */
     int32_t kv_block_size;            /* [kv] block_size */
     uint64_t kv_memory;               /* [kv] memory */
+    int32_t state_snapshots;          /* state-snapshot slots for prefix caching of recurrent models (0: none) */
 };
 
 /* Load the model (berth_load_params: act F32, KV F32), size the KV cache, create a stream and the metadata and
@@ -40,6 +41,8 @@ void runner_free(struct runner *r);
 
 const berth_model_info *runner_info(const struct runner *r);
 struct kv_cache *runner_kv(struct runner *r);
+int32_t runner_max_batch_tokens(const struct runner *r);
+int32_t runner_max_seqs(const struct runner *r);
 
 /* Check a prompt before any work: every id in [0, vocab), prompt non-empty, and prompt + max_new within the
  * context limit. Messages:
@@ -53,6 +56,10 @@ berth_status runner_check_prompt(const berth_model_info *info, const char *model
 berth_status runner_seq_new(struct runner *r, int32_t *seq);
 void runner_seq_free(struct runner *r, int32_t seq);
 int32_t runner_seq_len(const struct runner *r, int32_t seq);
+/* A new sequence sharing src's blocks (copy-on-write of the last partial one) and state (kv_seq_fork). */
+berth_status runner_seq_fork(struct runner *r, int32_t src, int32_t *dst);
+/* Give the empty seq the longest cached prefix of ids[0..n) (kv_prefix_attach); *cached tokens need no compute. */
+berth_status runner_seq_attach_prefix(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached);
 
 /* One sequence's part of a step. */
 #define RUNNER_LOGITS_NONE 0
@@ -94,6 +101,10 @@ struct runner_sampling {
  * temperature <= 0); counter feeds the counter-based generator (the position the token will take). */
 berth_status runner_sample_row(struct runner *r, int32_t row, const struct runner_sampling *sp, uint64_t counter,
                                int32_t *id);
+/* Rows [first, first + n_rows) of the last step's logits in one sample call (n_rows <= max_seqs): row i with
+ * sp[i] and counters[i] into ids[i]. */
+berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
+                                const uint64_t *counters, int32_t *ids);
 
 #define RUNNER_FINISH_LENGTH "length"
 #define RUNNER_FINISH_STOP "stop"
@@ -101,6 +112,7 @@ struct runner_generation {
     int32_t *tokens;           /* generated ids; caller frees */
     int32_t n_tokens;
     const char *finish_reason; /* RUNNER_FINISH_*: EOS id of the model ("stop") or max_new reached ("length") */
+    int32_t cached_tokens;     /* prompt tokens taken from the prefix cache */
 };
 
 /* Called after each generated token; return non-zero to stop early (finish_reason "stop"). */
@@ -112,7 +124,8 @@ struct runner_gen_params {
     int32_t ignore_eos;              /* keep going past the model's EOS ids (references, benchmarks) */
 };
 
-/* Check the prompt, prefill it (all logits into prompt_logits [n x vocab] when non-NULL), then sample up to
+/* Check the prompt, reuse its longest cached prefix (only when prompt_logits is NULL: those rows must be
+ * computed), prefill the rest (all logits into prompt_logits [n x vocab] when non-NULL), then sample up to
  * max_new tokens, decoding each one but the last through the KV cache: n_tokens - 1 decode steps, no
  * re-prefill. Stops at an EOS id of the model unless ignore_eos. Uses a fresh sequence and frees it. */
 berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n, const struct runner_gen_params *gp,
@@ -123,6 +136,8 @@ struct runner_stats {
     int64_t prefill_tokens;   /* tokens run through prefill steps */
     int64_t decode_steps;     /* single-token decode steps */
     int64_t forward_calls;    /* forward() calls */
+    int64_t cached_tokens;    /* prompt tokens served from the prefix cache (runner_seq_attach_prefix) */
+    int64_t mixed_steps;      /* steps holding both decode rows and prefill tokens */
     double prefill_seconds;   /* wall time in prefill steps (including the logits download) */
     double decode_seconds;
     int32_t kv_peak_blocks[8]; /* most blocks in use per group (first 8 groups) */

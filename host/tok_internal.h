@@ -63,6 +63,11 @@ typedef struct tok_normalizer tok_normalizer;
 berth_status tok_normalizer_parse(const json_t *j, const char *file, const char *field, tok_normalizer **out);
 berth_status tok_normalize(const tok_normalizer *n, const char *s, size_t len, tok_buf *out);
 void tok_normalizer_free(tok_normalizer *n);
+/* SentencePiece precompiled charsmap (tok_precompiled.c); j is the {"type": "Precompiled", ...} object. */
+typedef struct tok_precompiled tok_precompiled;
+berth_status tok_precompiled_parse(const json_t *j, const char *file, const char *field, tok_precompiled **out);
+berth_status tok_precompiled_apply(const tok_precompiled *p, const char *s, size_t len, tok_buf *out);
+void tok_precompiled_free(tok_precompiled *p);
 
 /* ---- pre-tokenizers (tok_pretokenize.c) ---- */
 typedef struct tok_pretok tok_pretok;

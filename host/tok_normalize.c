@@ -1,6 +1,7 @@
 /*
  * tok_normalize.c — tokenizer.json normalizers: NFC/NFD/NFKC/NFKD (utf8proc, a maintained Unicode library rather
- * than hand-written tables), Lowercase, Replace, Prepend, Strip and Sequence.
+ * than hand-written tables), Lowercase, Replace, Prepend, Strip, StripAccents, Precompiled (tok_precompiled.c)
+ * and Sequence.
  */
 #include "tok_internal.h"
 
@@ -10,7 +11,7 @@
 #include <string.h>
 #include <utf8proc.h>
 
-enum { N_UNICODE, N_LOWER, N_REPLACE, N_PREPEND, N_STRIP, N_SEQ };
+enum { N_UNICODE, N_LOWER, N_REPLACE, N_PREPEND, N_STRIP, N_STRIP_ACCENTS, N_PRECOMPILED, N_SEQ };
 
 struct tok_normalizer {
     int kind;
@@ -19,6 +20,7 @@ struct tok_normalizer {
     char *text;               /* N_REPLACE content, N_PREPEND prepend */
     size_t text_len;
     bool left, right;         /* N_STRIP */
+    tok_precompiled *pre;     /* N_PRECOMPILED */
     tok_normalizer **items;   /* N_SEQ */
     size_t n_items;
 };
@@ -27,6 +29,7 @@ void tok_normalizer_free(tok_normalizer *n)
 {
     if (!n) return;
     tok_pattern_free(n->pat);
+    tok_precompiled_free(n->pre);
     free(n->text);
     for (size_t i = 0; i < n->n_items; i++) tok_normalizer_free(n->items[i]);
     free(n->items);
@@ -61,6 +64,11 @@ berth_status tok_normalizer_parse(const json_t *j, const char *file, const char 
     else if (!strcmp(ty, "NFKC")) n->kind = N_UNICODE, n->uopt = UTF8PROC_STABLE | UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
     else if (!strcmp(ty, "NFKD")) n->kind = N_UNICODE, n->uopt = UTF8PROC_STABLE | UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
     else if (!strcmp(ty, "Lowercase")) n->kind = N_LOWER;
+    else if (!strcmp(ty, "StripAccents")) n->kind = N_STRIP_ACCENTS;
+    else if (!strcmp(ty, "Precompiled")) {
+        n->kind = N_PRECOMPILED;
+        st = tok_precompiled_parse(j, file, field, &n->pre);
+    }
     else if (!strcmp(ty, "Replace")) {
         n->kind = N_REPLACE;
         snprintf(f, sizeof f, "%s.pattern", field);
@@ -121,6 +129,19 @@ static berth_status apply(const tok_normalizer *n, const char *s, size_t len, to
             i += adv;
         }
         return BERTH_OK;
+    case N_STRIP_ACCENTS:
+        /* HF drops combining marks (General_Category M: Mn, Mc, Me); meant to follow NFD/NFKD */
+        for (size_t i = 0; i < len;) {
+            size_t adv;
+            int32_t cp = tok_utf8_decode(s + i, len - i, &adv);
+            utf8proc_category_t c = utf8proc_category(cp);
+            bool mark = c == UTF8PROC_CATEGORY_MN || c == UTF8PROC_CATEGORY_MC || c == UTF8PROC_CATEGORY_ME;
+            if (!mark && !tok_buf_put(out, s + i, adv)) return berth_fail(BERTH_E_NOMEM, "tokenizer: out of memory");
+            i += adv;
+        }
+        return BERTH_OK;
+    case N_PRECOMPILED:
+        return tok_precompiled_apply(n->pre, s, len, out);
     case N_REPLACE: {
         size_t at = 0, ms, me;
         while (tok_pattern_next(n->pat, s, len, at, &ms, &me)) {

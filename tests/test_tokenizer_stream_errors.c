@@ -165,6 +165,12 @@ START_TEST(malformed_files)
                 "normalizer.normalizers[0].content: expected a string");
     expect_fail("{" MODEL_OK ",\"normalizer\":{\"type\":\"Shout\"}}", BERTH_E_UNSUPPORTED,
                 "normalizer.type: unsupported normalizer \"Shout\"");
+    expect_fail("{" MODEL_OK ",\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"A!\"}}",
+                BERTH_E_INVALID, "normalizer.precompiled_charsmap: not valid base64");
+    expect_fail("{" MODEL_OK ",\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":null}}",
+                BERTH_E_INVALID, "normalizer.precompiled_charsmap: expected a base64 string");
+    expect_fail("{" MODEL_OK ",\"normalizer\":{\"type\":\"Precompiled\",\"precompiled_charsmap\":\"ZAAAAA==\"}}",
+                BERTH_E_INVALID, "normalizer.precompiled_charsmap: trie size 100 does not fit the 4-byte blob");
     expect_fail("{" MODEL_OK ",\"added_tokens\":[{\"id\":-1,\"content\":\"<s>\"}]}", BERTH_E_INVALID,
                 "added_tokens[0].id: expected an id in [0, 2^30)");
     expect_fail("{" MODEL_OK ",\"added_tokens\":[{\"id\":3,\"content\":\"<s>\",\"special\":\"yes\"}]}", BERTH_E_INVALID,

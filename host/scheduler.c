@@ -1,0 +1,496 @@
+/* scheduler.c — continuous batching with chunked prefill, admission by KV blocks, preemption by recompute, fork
+ * for n > 1 samples (see scheduler.h). */
+#include "scheduler.h"
+
+#include "errors.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { RQ_WAITING, RQ_RUNNING };
+
+struct req {
+    int64_t id;
+    int32_t index;           /* sample index (0 for the parent) */
+    int32_t n_samples;       /* samples still to fork from this one at its first token (1 after) */
+    int state;
+    int32_t *toks;           /* prompt + generated; capacity n_prompt + max_new */
+    int32_t n_prompt, n_toks;
+    int32_t n_fed;           /* tokens whose K/V the sequence holds */
+    int32_t seq;             /* -1 while waiting */
+    int32_t max_new, n_gen;
+    struct runner_sampling sp;
+    int32_t ignore_eos;
+    int32_t *stop;
+    int32_t n_stop;
+    int32_t cached;          /* prompt tokens the prefix cache served at first admission */
+    int admitted_once;
+};
+
+struct plan_item {
+    struct req *rq;
+    int32_t n;
+    int logits;
+};
+
+struct scheduler {
+    struct runner *r;
+    struct kv_cache *kv;
+    struct sched_callbacks cb;
+    struct req **reqs;       /* arrival order; preempted requests keep their place */
+    int32_t n_reqs, cap_reqs;
+    struct plan_item *plan;
+    struct runner_seq_step *steps;
+    struct runner_sampling *row_sp;
+    uint64_t *row_ctr;
+    int32_t *row_ids;
+    int32_t *need_sum, *need;
+    struct sched_stats stats;
+};
+
+static void req_free(struct req *q)
+{
+    if (!q) return;
+    free(q->toks);
+    free(q->stop);
+    free(q);
+}
+
+berth_status sched_create(struct runner *r, const struct sched_callbacks *cb, struct scheduler **out)
+{
+    *out = NULL;
+    struct scheduler *s = calloc(1, sizeof *s);
+    if (!s) return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+    s->r = r;
+    s->kv = runner_kv(r);
+    if (cb) s->cb = *cb;
+    size_t S = (size_t)runner_max_seqs(r), G = (size_t)(kv_n_groups(s->kv) + 1);
+    s->plan = calloc(S, sizeof *s->plan);
+    s->steps = calloc(S, sizeof *s->steps);
+    s->row_sp = calloc(S, sizeof *s->row_sp);
+    s->row_ctr = calloc(S, sizeof *s->row_ctr);
+    s->row_ids = calloc(S, sizeof *s->row_ids);
+    s->need_sum = calloc(G, sizeof *s->need_sum);
+    s->need = calloc(G, sizeof *s->need);
+    if (!s->plan || !s->steps || !s->row_sp || !s->row_ctr || !s->row_ids || !s->need_sum || !s->need) {
+        sched_free(s);
+        return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+    }
+    *out = s;
+    return BERTH_OK;
+}
+
+void sched_free(struct scheduler *s)
+{
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        if (s->reqs[i]->seq >= 0) runner_seq_free(s->r, s->reqs[i]->seq);
+        req_free(s->reqs[i]);
+    }
+    free(s->reqs);
+    free(s->plan);
+    free(s->steps);
+    free(s->row_sp);
+    free(s->row_ctr);
+    free(s->row_ids);
+    free(s->need_sum);
+    free(s->need);
+    free(s);
+}
+
+int32_t sched_pending(const struct scheduler *s) { return s->n_reqs; }
+
+const struct sched_stats *sched_stats(const struct scheduler *s)
+{
+    struct sched_stats *st = (struct sched_stats *)&s->stats;
+    st->running = st->waiting = 0;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        if (s->reqs[i]->state == RQ_RUNNING)
+            st->running++;
+        else
+            st->waiting++;
+    }
+    return st;
+}
+
+static int32_t ceil_div(int64_t a, int64_t b) { return (int32_t)((a + b - 1) / b); }
+
+static berth_status insert_at(struct scheduler *s, int32_t pos, struct req *q)
+{
+    if (s->n_reqs == s->cap_reqs) {
+        int32_t cap = s->cap_reqs ? s->cap_reqs * 2 : 16;
+        struct req **n = realloc(s->reqs, (size_t)cap * sizeof *n);
+        if (!n) return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+        s->reqs = n;
+        s->cap_reqs = cap;
+    }
+    memmove(s->reqs + pos + 1, s->reqs + pos, (size_t)(s->n_reqs - pos) * sizeof *s->reqs);
+    s->reqs[pos] = q;
+    s->n_reqs++;
+    return BERTH_OK;
+}
+
+static void remove_at(struct scheduler *s, int32_t pos)
+{
+    memmove(s->reqs + pos, s->reqs + pos + 1, (size_t)(s->n_reqs - pos - 1) * sizeof *s->reqs);
+    s->n_reqs--;
+}
+
+static int32_t find_req(const struct scheduler *s, const struct req *q)
+{
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i] == q) return i;
+    return -1;
+}
+
+/* Finish q: free its KV, report, drop it. */
+static void finish(struct scheduler *s, struct req *q, const char *why, berth_status st, const char *msg)
+{
+    if (q->seq >= 0) runner_seq_free(s->r, q->seq);
+    q->seq = -1;
+    if (strcmp(why, SCHED_FINISH_CANCEL) == 0)
+        s->stats.cancelled++;
+    else if (strcmp(why, SCHED_FINISH_ERROR) == 0)
+        s->stats.failed++;
+    else
+        s->stats.finished++;
+    int32_t pos = find_req(s, q);
+    if (pos >= 0) remove_at(s, pos);
+    if (s->cb.on_done) s->cb.on_done(s->cb.arg, q->id, q->index, why, q->n_gen, q->cached, st, msg);
+    req_free(q);
+}
+
+berth_status sched_add(struct scheduler *s, int64_t id, const struct sched_request *rq)
+{
+    const berth_model_info *info = runner_info(s->r);
+    berth_status st = runner_check_prompt(info, NULL, rq->prompt, rq->n_prompt, rq->max_new);
+    if (st) return st;
+    int32_t n = rq->n > 0 ? rq->n : 1;
+    if (n > runner_max_seqs(s->r))
+        return berth_fail(BERTH_E_INVALID, "n = %d samples exceed [scheduler] max_seqs = %d", (int)n,
+                          (int)runner_max_seqs(s->r));
+    if (rq->n_stop_ids < 0 || (rq->n_stop_ids > 0 && !rq->stop_ids))
+        return berth_fail(BERTH_E_INVALID, "bad stop id list (%d ids)", (int)rq->n_stop_ids);
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i]->id == id) return berth_fail(BERTH_E_INVALID, "request id %lld is already in use", (long long)id);
+    /* Alone, it must fit: the prompt and every sample's tokens (sliding groups: at most their window bound). */
+    int32_t bs = kv_block_size(s->kv);
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) {
+        int64_t need = ceil_div((int64_t)rq->n_prompt + rq->max_new, bs);
+        if (n > 1) need += (int64_t)(n - 1) * (ceil_div(rq->max_new, bs) + 1);
+        if (kv_group_is_sliding(s->kv, g) && need > (int64_t)n * kv_group_seq_cap(s->kv, g))
+            need = (int64_t)n * kv_group_seq_cap(s->kv, g);
+        if (need > kv_blocks_total(s->kv, g))
+            return berth_fail(BERTH_E_DEVICE_OOM,
+                              "request needs %lld KV blocks of group '%s' (%d prompt + %d new tokens x %d samples), "
+                              "the cache has %d (raise [kv] memory)",
+                              (long long)need, kv_group_name(s->kv, g), (int)rq->n_prompt, (int)rq->max_new, (int)n,
+                              (int)kv_blocks_total(s->kv, g));
+    }
+    struct req *q = calloc(1, sizeof *q);
+    if (!q) return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+    q->toks = malloc((size_t)(rq->n_prompt + rq->max_new) * sizeof *q->toks);
+    q->stop = malloc((size_t)(rq->n_stop_ids > 0 ? rq->n_stop_ids : 1) * sizeof *q->stop);
+    if (!q->toks || !q->stop) {
+        req_free(q);
+        return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+    }
+    memcpy(q->toks, rq->prompt, (size_t)rq->n_prompt * sizeof *q->toks);
+    if (rq->n_stop_ids > 0) memcpy(q->stop, rq->stop_ids, (size_t)rq->n_stop_ids * sizeof *q->stop);
+    q->id = id;
+    q->n_samples = n;
+    q->state = RQ_WAITING;
+    q->n_prompt = q->n_toks = rq->n_prompt;
+    q->seq = -1;
+    q->max_new = rq->max_new;
+    q->sp = rq->sampling;
+    q->ignore_eos = rq->ignore_eos;
+    q->n_stop = rq->n_stop_ids;
+    st = insert_at(s, s->n_reqs, q);
+    if (st) req_free(q);
+    return st;
+}
+
+berth_status sched_cancel(struct scheduler *s, int64_t id)
+{
+    int found = 0;
+    for (int32_t i = 0; i < s->n_reqs;) {
+        if (s->reqs[i]->id == id) {
+            finish(s, s->reqs[i], SCHED_FINISH_CANCEL, BERTH_OK, "");
+            found = 1;
+        } else {
+            i++;
+        }
+    }
+    return found ? BERTH_OK : berth_fail(BERTH_E_INVALID, "no live request has id %lld", (long long)id);
+}
+
+/* ---- planning ---- */
+
+static int fits(struct scheduler *s)
+{
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++)
+        if (s->need_sum[g] + s->need[g] > kv_blocks_available(s->kv, g)) return 0;
+    return 1;
+}
+
+static void compute_need(struct scheduler *s, const struct req *q, int32_t n)
+{
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need[g] = kv_seq_blocks_needed(s->kv, q->seq, g, q->n_fed + n);
+}
+
+static void preempt(struct scheduler *s, struct req *v, int32_t *n_plan, int32_t *budget)
+{
+    for (int32_t i = 0; i < *n_plan; i++) {
+        if (s->plan[i].rq != v) continue;
+        *budget += s->plan[i].n;
+        for (int32_t g = 0; g < kv_n_groups(s->kv); g++)
+            s->need_sum[g] -= kv_seq_blocks_needed(s->kv, v->seq, g, v->n_fed + s->plan[i].n);
+        memmove(s->plan + i, s->plan + i + 1, (size_t)(*n_plan - i - 1) * sizeof *s->plan);
+        (*n_plan)--;
+        break;
+    }
+    runner_seq_free(s->r, v->seq);
+    v->seq = -1;
+    v->n_fed = 0;
+    v->state = RQ_WAITING;
+    s->stats.preemptions++;
+}
+
+static void add_need(struct scheduler *s)
+{
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need_sum[g] += s->need[g];
+}
+
+/* Sequence slots the running requests hold or will hold after their forks. */
+static int32_t seqs_reserved(const struct scheduler *s)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < s->n_reqs; i++)
+        if (s->reqs[i]->state == RQ_RUNNING) n += s->reqs[i]->n_samples;
+    return n;
+}
+
+static int32_t build_plan(struct scheduler *s)
+{
+    int32_t budget = runner_max_batch_tokens(s->r), n_plan = 0;
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need_sum[g] = 0;
+    for (int32_t i = 0; i < s->n_reqs && budget > 0; i++) {
+        struct req *q = s->reqs[i];
+        if (q->state != RQ_RUNNING) continue;
+        int32_t n = q->n_toks - q->n_fed;
+        if (n > budget) n = budget;
+        compute_need(s, q, n);
+        int self_preempted = 0;
+        while (!fits(s)) {
+            /* The latest-arrived other running request gives its KV back (recompute later). */
+            struct req *v = NULL;
+            for (int32_t j = s->n_reqs - 1; j > i && !v; j--)
+                if (s->reqs[j]->state == RQ_RUNNING) v = s->reqs[j];
+            if (!v) {
+                preempt(s, q, &n_plan, &budget);
+                self_preempted = 1;
+                break;
+            }
+            preempt(s, v, &n_plan, &budget);
+        }
+        if (self_preempted) continue;
+        add_need(s);
+        s->plan[n_plan].rq = q;
+        s->plan[n_plan].n = n;
+        s->plan[n_plan].logits = q->n_fed + n == q->n_toks;
+        n_plan++;
+        budget -= n;
+    }
+    /* Admission, first come first served: stop at the first that does not fit. */
+    for (int32_t i = 0; i < s->n_reqs && budget > 0; i++) {
+        struct req *q = s->reqs[i];
+        if (q->state != RQ_WAITING) continue;
+        if (seqs_reserved(s) + q->n_samples > runner_max_seqs(s->r)) break;
+        int32_t seq, cached = 0;
+        if (runner_seq_new(s->r, &seq) != BERTH_OK) break;
+        if (runner_seq_attach_prefix(s->r, seq, q->toks, q->n_toks, &cached) != BERTH_OK) {
+            runner_seq_free(s->r, seq);
+            break;
+        }
+        q->seq = seq;
+        q->n_fed = cached;
+        int32_t n = q->n_toks - cached;
+        if (n > budget) n = budget;
+        compute_need(s, q, n);
+        if (!fits(s)) {
+            runner_seq_free(s->r, seq);
+            q->seq = -1;
+            q->n_fed = 0;
+            break;
+        }
+        s->stats.cached_tokens += cached;
+        if (!q->admitted_once) q->cached = cached;
+        q->admitted_once = 1;
+        q->state = RQ_RUNNING;
+        add_need(s);
+        s->plan[n_plan].rq = q;
+        s->plan[n_plan].n = n;
+        s->plan[n_plan].logits = q->n_fed + n == q->n_toks;
+        n_plan++;
+        budget -= n;
+    }
+    return n_plan;
+}
+
+static int is_stop(const struct scheduler *s, const struct req *q, int32_t tok)
+{
+    if (!q->ignore_eos) {
+        const berth_model_info *info = runner_info(s->r);
+        for (int32_t i = 0; i < info->n_eos; i++)
+            if (info->eos_ids[i] == tok) return 1;
+    }
+    for (int32_t i = 0; i < q->n_stop; i++)
+        if (q->stop[i] == tok) return 1;
+    return 0;
+}
+
+/* Append a sampled token; finish the request when it stops. */
+static void take_token(struct scheduler *s, struct req *q, int32_t tok)
+{
+    q->toks[q->n_toks++] = tok;
+    q->n_gen++;
+    if (s->cb.on_token) s->cb.on_token(s->cb.arg, q->id, q->index, tok);
+    if (is_stop(s, q, tok))
+        finish(s, q, SCHED_FINISH_STOP, BERTH_OK, "");
+    else if (q->n_gen >= q->max_new)
+        finish(s, q, SCHED_FINISH_LENGTH, BERTH_OK, "");
+}
+
+/* Fork q's n_samples - 1 siblings right after it (same K/V, seeds seed + index); each samples from q's row. */
+static berth_status fork_samples(struct scheduler *s, struct req *q, int32_t row)
+{
+    int32_t pos = find_req(s, q);
+    for (int32_t k = q->n_samples - 1; k >= 1; k--) {
+        struct req *c = calloc(1, sizeof *c);
+        if (!c) return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+        *c = *q;
+        c->toks = malloc((size_t)(q->n_prompt + q->max_new) * sizeof *c->toks);
+        c->stop = malloc((size_t)(q->n_stop > 0 ? q->n_stop : 1) * sizeof *c->stop);
+        if (!c->toks || !c->stop) {
+            req_free(c);
+            return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
+        }
+        memcpy(c->toks, q->toks, (size_t)q->n_toks * sizeof *c->toks);
+        memcpy(c->stop, q->stop, (size_t)(q->n_stop > 0 ? q->n_stop : 1) * sizeof *c->stop);
+        c->index = k;
+        c->n_samples = 1;
+        c->sp.seed = q->sp.seed + (uint64_t)k;
+        berth_status st = runner_seq_fork(s->r, q->seq, &c->seq);
+        if (!st) st = insert_at(s, pos + 1, c);
+        if (st) {
+            if (c->seq >= 0) runner_seq_free(s->r, c->seq);
+            req_free(c);
+            return st;
+        }
+        s->stats.forks++;
+    }
+    q->n_samples = 1;
+    /* The siblings sit at pos + 1 .. pos + n - 1 in index order. */
+    for (int32_t k = 1; pos + k < s->n_reqs && s->reqs[pos + k]->id == q->id && s->reqs[pos + k]->index == k; k++) {
+        struct req *c = s->reqs[pos + k];
+        uint64_t ctr = (uint64_t)c->n_toks;
+        int32_t tok;
+        berth_status st = runner_sample_rows(s->r, row, 1, &c->sp, &ctr, &tok);
+        if (st) return st;
+        c->toks[c->n_toks++] = tok;
+    }
+    return BERTH_OK;
+}
+
+berth_status sched_step(struct scheduler *s, int *did_work)
+{
+    *did_work = 0;
+    int32_t n_plan = build_plan(s);
+    if (n_plan == 0) return BERTH_OK;
+    *did_work = 1;
+    int n_dec = 0, n_pre = 0;
+    for (int32_t i = 0; i < n_plan; i++) {
+        struct plan_item *p = &s->plan[i];
+        struct req *q = p->rq;
+        int is_decode = p->n == 1 && q->n_gen > 0 && q->n_fed == q->n_toks - 1;
+        s->steps[i].seq = q->seq;
+        s->steps[i].ids = q->toks + q->n_fed;
+        s->steps[i].n = p->n;
+        s->steps[i].logits = p->logits ? RUNNER_LOGITS_LAST : RUNNER_LOGITS_NONE;
+        s->steps[i].is_decode = is_decode;
+        if (is_decode)
+            n_dec++;
+        else
+            n_pre += p->n;
+    }
+    berth_status st = runner_step(s->r, s->steps, n_plan);
+    s->stats.steps++;
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", berth_last_error());
+        for (int32_t i = 0; i < n_plan; i++) finish(s, s->plan[i].rq, SCHED_FINISH_ERROR, st, msg);
+        return BERTH_OK;
+    }
+    s->stats.decode_rows += n_dec;
+    s->stats.prefill_tokens += n_pre;
+    if (n_dec > 0 && n_pre > 0) s->stats.mixed_steps++;
+    int32_t rows = 0;
+    for (int32_t i = 0; i < n_plan; i++) {
+        struct plan_item *p = &s->plan[i];
+        p->rq->n_fed += p->n;
+        if (p->logits) {
+            s->row_sp[rows] = p->rq->sp;
+            s->row_ctr[rows] = (uint64_t)p->rq->n_toks;
+            rows++;
+        }
+    }
+    if (rows == 0) return BERTH_OK;
+    st = runner_sample_rows(s->r, 0, rows, s->row_sp, s->row_ctr, s->row_ids);
+    if (!st) {
+        /* Forks first (they sample the parent's row, still in the logits buffer), then the tokens. */
+        int32_t row = 0;
+        for (int32_t i = 0; i < n_plan && !st; i++) {
+            if (!s->plan[i].logits) continue;
+            if (s->plan[i].rq->n_samples > 1) st = fork_samples(s, s->plan[i].rq, row);
+            row++;
+        }
+    }
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", berth_last_error());
+        for (int32_t i = 0; i < n_plan; i++) {
+            int64_t id = s->plan[i].rq->id;
+            for (int32_t j = 0; j < s->n_reqs;)
+                if (s->reqs[j]->id == id)
+                    finish(s, s->reqs[j], SCHED_FINISH_ERROR, st, msg);
+                else
+                    j++;
+        }
+        return BERTH_OK;
+    }
+    /* Siblings forked this step already hold their token: report it (and stop them) before the parents'. */
+    int32_t row = 0;
+    for (int32_t i = 0; i < n_plan; i++) {
+        struct plan_item *p = &s->plan[i];
+        if (!p->logits) continue;
+        struct req *q = p->rq;
+        int32_t tok = s->row_ids[row++];
+        int64_t id = q->id;
+        take_token(s, q, tok);
+        for (int32_t j = 0; j < s->n_reqs;) {
+            struct req *c = s->reqs[j];
+            if (c->id == id && c->index > 0 && c->n_gen == 0 && c->n_toks > c->n_fed) {
+                /* fork_samples appended the token without reporting it */
+                c->n_toks--;
+                int32_t ct = c->toks[c->n_toks];
+                int32_t before = s->n_reqs;
+                take_token(s, c, ct);
+                if (s->n_reqs < before) continue; /* c finished and was removed */
+            }
+            j++;
+        }
+    }
+    return BERTH_OK;
+}

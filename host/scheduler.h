@@ -1,0 +1,87 @@
+/*
+ * scheduler.h — continuous batching over one runner: requests join and leave between steps; each step is one
+ * forward over decode rows and prefill chunks under a per-step token budget ([scheduler] max_batch_tokens,
+ * chunked prefill) and at most max_seqs sequences.
+ *
+ * Per step: running requests in arrival order each get their next tokens (1 for a decode row; a prefill chunk
+ * up to the budget left), then waiting requests are admitted while a sequence slot, budget and KV blocks for
+ * their first chunk remain (a prompt first takes what the prefix cache holds). When the KV cache cannot hold a
+ * running request's next tokens, the latest-arrived other running request is preempted by recompute: its KV is
+ * dropped and it goes back to the queue keeping the tokens it generated, to be prefilled again (mostly from the
+ * prefix cache) and continue with the same output. A request that alone cannot fit the KV cache (prompt plus
+ * max_new tokens) fails when it is added.
+ *
+ * n > 1 samples: the request's prompt is prefilled once, then forked (kv_seq_fork: shared blocks, copy-on-write
+ * of the last partial one) into n sequences sampled with seeds seed, seed + 1, ...
+ *
+ * Stops: the model's EOS ids (unless ignore_eos), stop ids, max_new tokens, cancellation. Sampling: every logits
+ * row of a step in one backend sample call, counter = the position the token takes, so a seeded request gives
+ * the same tokens whatever else shares its steps.
+ *
+ * Single-threaded: the engine thread drives it. Callbacks run inside sched_step.
+ */
+#ifndef BERTH_HOST_SCHEDULER_H
+#define BERTH_HOST_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "runner.h"
+
+struct scheduler;
+
+#define SCHED_FINISH_STOP "stop"       /* EOS or stop id */
+#define SCHED_FINISH_LENGTH "length"   /* max_new reached */
+#define SCHED_FINISH_CANCEL "cancelled"
+#define SCHED_FINISH_ERROR "error"
+
+struct sched_callbacks {
+    /* A sampled token of sample `index` of request id. */
+    void (*on_token)(void *arg, int64_t id, int32_t index, int32_t token);
+    /* Sample `index` finished (finish: SCHED_FINISH_*; status and message set for "error"). Its KV is freed. */
+    void (*on_done)(void *arg, int64_t id, int32_t index, const char *finish, int32_t n_tokens,
+                    int32_t cached_tokens, berth_status status, const char *message);
+    void *arg;
+};
+
+struct sched_request {
+    const int32_t *prompt;     /* copied */
+    int32_t n_prompt;
+    int32_t max_new;
+    int32_t n;                 /* samples (1 when 0) */
+    struct runner_sampling sampling;
+    int32_t ignore_eos;
+    const int32_t *stop_ids;   /* copied */
+    int32_t n_stop_ids;
+};
+
+struct sched_stats {
+    int64_t steps;             /* forward calls */
+    int64_t prefill_tokens;    /* prompt (or recomputed) tokens computed */
+    int64_t cached_tokens;     /* prompt tokens served from the prefix cache */
+    int64_t decode_rows;       /* single-token decode rows */
+    int64_t mixed_steps;       /* steps with both decode rows and prefill tokens */
+    int64_t preemptions;
+    int64_t forks;
+    int64_t finished, cancelled, failed;
+    int32_t running, waiting;  /* now */
+};
+
+/* cb is copied. The runner must have been created with max_seqs >= 1; the scheduler borrows it. */
+berth_status sched_create(struct runner *r, const struct sched_callbacks *cb, struct scheduler **out);
+void sched_free(struct scheduler *s);
+
+/* Queue a request under the caller's id (unique among live requests). Checks the prompt and that the request
+ * alone fits the KV cache and the sequence slots; on failure nothing is queued and no callback runs. */
+berth_status sched_add(struct scheduler *s, int64_t id, const struct sched_request *rq);
+/* Finish every sample of request id with "cancelled" (on_done runs now) and free its KV at once. BERTH_E_INVALID
+ * when no live request has that id. */
+berth_status sched_cancel(struct scheduler *s, int64_t id);
+/* One forward step (admitting, preempting, sampling, finishing as needed). *did_work = 0 when nothing was
+ * runnable. A failing forward fails the requests in the step (on_done "error") and returns BERTH_OK so the
+ * engine keeps serving the rest. */
+berth_status sched_step(struct scheduler *s, int *did_work);
+/* Requests queued or running. */
+int32_t sched_pending(const struct scheduler *s);
+const struct sched_stats *sched_stats(const struct scheduler *s);
+
+#endif

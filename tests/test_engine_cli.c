@@ -1,0 +1,177 @@
+/* test_engine_cli.c — `berth generate --prompts-file` (host/cmd_generate_batch.c through the engine) and
+ * `berth bench` (host/cmd_bench.c) on the tiny Gemma 4 fixture with the CPU backend:
+ *  - --json prints one object per prompt in input order whose tokens equal a one-prompt `berth generate` run,
+ *    with prompt_tokens and cached_tokens (a repeated 40-token prompt reports 32 cached with 16-token blocks);
+ *  - --stats prints the engine counters on stderr;
+ *  - a malformed line is a one-line error naming the file and line;
+ *  - berth bench prints one JSON object per concurrency level.
+ * Args: the berth executable and the parity config. Exits 77 without the fixture. */
+#include <check.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static const char *berth_bin, *config_path;
+static char model_dir[1024];
+
+/* Run cmd with sh; stdout into *out (caller frees), stderr into *err; returns the exit status. */
+static int run(const char *cmd, char **out, char **err)
+{
+    char ebuf[] = "/tmp/berth-engine-cli-XXXXXX";
+    int efd = mkstemp(ebuf);
+    ck_assert_int_ge(efd, 0);
+    close(efd);
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>%s", cmd, ebuf);
+    FILE *p = popen(full, "r");
+    ck_assert_ptr_nonnull(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 == cap) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    FILE *f = fopen(ebuf, "r");
+    char *e = calloc(1, 1 << 16);
+    if (f) {
+        size_t m = fread(e, 1, (1 << 16) - 1, f);
+        e[m] = 0;
+        fclose(f);
+    }
+    unlink(ebuf);
+    *out = buf;
+    *err = e;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static const char *P[3] = {"2,214,88,182,203", "2,91,145,202,48,186,136,50,152,181,100,187,134", NULL};
+static char long_prompt[512];
+
+START_TEST(test_prompts_file)
+{
+    char path[] = "/tmp/berth-prompts-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "# comment\n%s\n\n%s\n%s\n%s\n", P[0], long_prompt, P[1], long_prompt);
+    fclose(f);
+    char cmd[4096], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s --max-new-tokens 5 --ignore-eos "
+             "--json --stats", berth_bin, config_path, model_dir, path);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    const char *lines_prompt[4] = {P[0], long_prompt, P[1], long_prompt};
+    char *save = NULL, *line = strtok_r(out, "\n", &save);
+    for (int i = 0; i < 4; i++) {
+        ck_assert_msg(line != NULL, "only %d lines", i);
+        json_error_t je;
+        json_t *o = json_loads(line, 0, &je);
+        ck_assert_msg(o != NULL, "bad JSON: %s", line);
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "index")), i);
+        ck_assert_str_eq(json_string_value(json_object_get(o, "finish_reason")), "length");
+        int n_commas = 0;
+        for (const char *c = lines_prompt[i]; *c; c++) n_commas += *c == ',';
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "prompt_tokens")), n_commas + 1);
+        /* parity config: max_seqs 1, blocks of 16: the second 40-token prompt finds 32 tokens cached */
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "cached_tokens")), i == 3 ? 32 : 0);
+        /* the same tokens as a one-prompt run */
+        char cmd1[4096], *out1, *err1;
+        snprintf(cmd1, sizeof cmd1, "%s generate --config %s --model %s --prompt-ids %s --max-new-tokens 5 "
+                 "--ignore-eos --json", berth_bin, config_path, model_dir, lines_prompt[i]);
+        ck_assert_msg(run(cmd1, &out1, &err1) == 0, "%s", err1);
+        json_t *o1 = json_loads(out1, 0, &je);
+        ck_assert_msg(o1 != NULL, "bad JSON: %s", out1);
+        ck_assert_msg(json_equal(json_object_get(o, "tokens"), json_object_get(o1, "tokens")), "prompt %d: %s vs %s",
+                      i, line, out1);
+        json_decref(o1);
+        free(out1);
+        free(err1);
+        json_decref(o);
+        line = strtok_r(NULL, "\n", &save);
+    }
+    ck_assert_ptr_null(line);
+    ck_assert_msg(strstr(err, "{\"stats\":{\"steps\":") != NULL, "%s", err);
+    ck_assert_msg(strstr(err, "\"cached_tokens\":32") != NULL, "%s", err);
+    free(out);
+    free(err);
+
+    /* a bad line */
+    f = fopen(path, "w");
+    fprintf(f, "%s\n2,x,3\n", P[0]);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s", berth_bin, config_path,
+             model_dir, path);
+    ck_assert_int_eq(run(cmd, &out, &err), 1);
+    char want[1024];
+    snprintf(want, sizeof want, "--prompts-file %s:2: not a comma-separated list of token ids", path);
+    ck_assert_msg(strstr(err, want) != NULL, "%s", err);
+    free(out);
+    free(err);
+    unlink(path);
+}
+END_TEST
+
+START_TEST(test_bench_json)
+{
+    char cmd[4096], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --model %s --concurrency 1,2 --prompt-len 8 --gen-len 4 --json",
+             berth_bin, config_path, model_dir);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    char *save = NULL, *line = strtok_r(out, "\n", &save);
+    for (int c = 1; c <= 2; c++) {
+        ck_assert_ptr_nonnull(line);
+        json_t *o = json_loads(line, 0, NULL);
+        ck_assert_msg(o != NULL, "%s", line);
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "concurrency")), c);
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "tokens")), 4 * c);
+        ck_assert(json_real_value(json_object_get(o, "tokens_per_s")) > 0);
+        ck_assert(json_real_value(json_object_get(o, "ttft_p50_s")) > 0);
+        ck_assert(json_real_value(json_object_get(o, "itl_p99_s")) >= json_real_value(json_object_get(o, "itl_p50_s")));
+        json_decref(o);
+        line = strtok_r(NULL, "\n", &save);
+    }
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --concurrency 0", berth_bin, config_path);
+    ck_assert_int_eq(run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--concurrency '0' is not a comma-separated list of counts in 1..4096") != NULL, "%s",
+                  err);
+    free(out);
+    free(err);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) return 2;
+    berth_bin = argv[1];
+    config_path = argv[2];
+    const char *src = getenv("BERTH_SOURCE_ROOT");
+    snprintf(model_dir, sizeof model_dir, "%s/tests/fixtures/gemma4/tiny", src ? src : ".");
+    struct stat sb;
+    char cfgjson[1100];
+    snprintf(cfgjson, sizeof cfgjson, "%s/config.json", model_dir);
+    if (stat(cfgjson, &sb) != 0) {
+        printf("SKIP: no %s\n", cfgjson);
+        return 77;
+    }
+    int n = 0;
+    for (int i = 0; i < 40; i++) n += snprintf(long_prompt + n, sizeof long_prompt - (size_t)n, i ? ",%d" : "%d", 2 + (i * 37) % 200);
+    Suite *su = suite_create("engine_cli");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_prompts_file);
+    tcase_add_test(tc, test_bench_json);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

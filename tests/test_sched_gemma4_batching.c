@@ -1,0 +1,254 @@
+/* test_sched_gemma4_batching.c — the scheduler (host/scheduler.c) on every Gemma 4 fixture checkpoint (CPU
+ * backend, KV blocks of 4 tokens, max_batch_tokens 8 so prompts are prefilled in chunks beside decode rows):
+ *  - greedy outputs of 6 concurrent requests (added in two waves) equal each request run alone, and the
+ *    counters show steps that mixed prefill chunks and decode rows;
+ *  - seeded sampling gives the same tokens alone and inside a batch;
+ *  - a KV budget too small for all requests at once forces preemption (counter > 0) and every request still
+ *    completes with the tokens it gets alone;
+ *  - n = 4 samples fork one prefilled sequence (forks counter 3, shared blocks) and sample k equals a lone run
+ *    with seed + k;
+ *  - cancel frees the request's KV at once; a request that alone cannot fit fails when added.
+ * Exits 77 while tests/fixtures/gemma4/ holds no checkpoints. */
+#include "scheduler.h"
+#include "test_gemma4_fixture.h"
+
+#define BLOCK 4
+#define GEN 6
+#define MAXR 16
+
+static char **fixture_dirs;
+static int n_fixtures;
+
+struct outcome {
+    int32_t toks[MAXR][4][GEN + 1];
+    int32_t n[MAXR][4];
+    int done[MAXR][4];
+    const char *finish[MAXR][4];
+};
+
+static void on_token(void *arg, int64_t id, int32_t index, int32_t token)
+{
+    struct outcome *o = arg;
+    ck_assert(id >= 0 && id < MAXR && index >= 0 && index < 4);
+    ck_assert_int_lt(o->n[id][index], GEN + 1);
+    o->toks[id][index][o->n[id][index]++] = token;
+}
+
+static void on_done(void *arg, int64_t id, int32_t index, const char *finish, int32_t n_tokens, int32_t cached,
+                    berth_status st, const char *msg)
+{
+    struct outcome *o = arg;
+    (void)cached;
+    ck_assert_msg(st == BERTH_OK, "request %lld failed: %s", (long long)id, msg);
+    ck_assert_int_eq(n_tokens, o->n[id][index]);
+    o->done[id][index] = 1;
+    o->finish[id][index] = finish;
+}
+
+/* g4_open with max_seqs and the KV memory chosen by the test. */
+static void open_batch(const char *dir, int32_t max_seqs, uint64_t kv_memory, struct g4_session *s)
+{
+    memset(s, 0, sizeof *s);
+    char *cfg_path = g4_join(g4_env("BERTH_BUILD_ROOT", "."), "tests/parity-cpu.ini");
+    ck_assert_msg(config_load(cfg_path, &s->cfg) == BERTH_OK, "%s", berth_last_error());
+    free(cfg_path);
+    ck_assert_msg(registry_load(s->cfg, &s->reg) == BERTH_OK, "%s", berth_last_error());
+    ck_assert_msg(ckpt_open(dir, &s->ck) == BERTH_OK, "%s", berth_last_error());
+    ck_assert_msg(registry_select(s->reg, s->ck, &s->sel) == BERTH_OK, "%s", berth_last_error());
+    s->have_sel = 1;
+    struct runner_config rc;
+    memset(&rc, 0, sizeof rc);
+    rc.be = &s->sel.api;
+    rc.mvt = s->sel.model_plugin->desc->vtable;
+    rc.model = s->sel.model;
+    rc.ck = s->ck;
+    rc.model_dir = dir;
+    rc.max_batch_tokens = 8;
+    rc.max_seqs = max_seqs;
+    rc.kv_block_size = BLOCK;
+    rc.kv_memory = kv_memory ? kv_memory : s->cfg->kv_memory_bytes;
+    ck_assert_msg(runner_create(&rc, &s->r) == BERTH_OK, "%s: %s", dir, berth_last_error());
+}
+
+static void alone(struct runner *r, const int32_t *ids, int32_t n, float temperature, uint64_t seed, int32_t *out)
+{
+    struct runner_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_new = GEN;
+    gp.ignore_eos = 1;
+    gp.sampling.temperature = temperature;
+    gp.sampling.top_p = 1.0f;
+    gp.sampling.seed = seed;
+    struct runner_generation g;
+    ck_assert_msg(runner_generate(r, ids, n, &gp, NULL, NULL, NULL, &g) == BERTH_OK, "%s", berth_last_error());
+    ck_assert_int_eq(g.n_tokens, GEN);
+    memcpy(out, g.tokens, GEN * sizeof *out);
+    free(g.tokens);
+}
+
+static struct sched_request request(const struct g4_prompt *gp, float temperature, uint64_t seed, int32_t n)
+{
+    struct sched_request rq;
+    memset(&rq, 0, sizeof rq);
+    rq.prompt = gp->ids;
+    rq.n_prompt = gp->n;
+    rq.max_new = GEN;
+    rq.n = n;
+    rq.ignore_eos = 1;
+    rq.sampling.temperature = temperature;
+    rq.sampling.top_p = 1.0f;
+    rq.sampling.seed = seed;
+    return rq;
+}
+
+static void run_all(struct scheduler *sc)
+{
+    for (int guard = 0; sched_pending(sc) > 0; guard++) {
+        int did;
+        ck_assert_int_lt(guard, 2000);
+        ck_assert_msg(sched_step(sc, &did) == BERTH_OK, "%s", berth_last_error());
+        ck_assert(did);
+    }
+}
+
+/* Requests: every prompt greedy, then every prompt seeded (temperature 0.9, seed 17 + i), up to 6. */
+static int32_t n_requests(const struct g4_fixture *f) { return f->n_prompts * 2 < 6 ? f->n_prompts * 2 : 6; }
+static const struct g4_prompt *req_prompt(const struct g4_fixture *f, int32_t i) { return &f->prompts[i % f->n_prompts]; }
+static float req_temp(const struct g4_fixture *f, int32_t i) { return i < f->n_prompts ? 0.0f : 0.9f; }
+
+static void check_against_alone(const struct g4_fixture *f, struct outcome *o, int32_t (*ref)[GEN], int32_t nr)
+{
+    for (int32_t i = 0; i < nr; i++) {
+        ck_assert_msg(o->done[i][0], "%s: request %d did not finish", f->variant, (int)i);
+        ck_assert_str_eq(o->finish[i][0], SCHED_FINISH_LENGTH);
+        ck_assert_int_eq(o->n[i][0], GEN);
+        for (int32_t k = 0; k < GEN; k++)
+            ck_assert_msg(o->toks[i][0][k] == ref[i][k], "%s: request %d token %d: %d batched, %d alone", f->variant,
+                          (int)i, (int)k, (int)o->toks[i][0][k], (int)ref[i][k]);
+    }
+}
+
+START_TEST(test_batching)
+{
+    struct g4_fixture f;
+    g4_load_fixture(fixture_dirs[_i], &f);
+    struct g4_session one, many;
+    g4_open(f.dir, 8, BLOCK, &one);
+    const int32_t nr = n_requests(&f);
+    int32_t ref[MAXR][GEN];
+    for (int32_t i = 0; i < nr; i++)
+        alone(one.r, req_prompt(&f, i)->ids, req_prompt(&f, i)->n, req_temp(&f, i), 17 + (uint64_t)i, ref[i]);
+
+    /* 1. Concurrent, default KV budget, two waves. */
+    open_batch(f.dir, 4, 0, &many);
+    struct outcome *o = calloc(1, sizeof *o);
+    struct sched_callbacks cb = {on_token, on_done, o};
+    struct scheduler *sc;
+    ck_assert_int_eq(sched_create(many.r, &cb, &sc), BERTH_OK);
+    for (int32_t i = 0; i < nr; i++) {
+        struct sched_request rq = request(req_prompt(&f, i), req_temp(&f, i), 17 + (uint64_t)i, 1);
+        ck_assert_int_eq(sched_add(sc, i, &rq), BERTH_OK);
+        if (i == 1) { /* let the first two start decoding before the rest arrive */
+            int did;
+            for (int k = 0; k < 4; k++) ck_assert_int_eq(sched_step(sc, &did), BERTH_OK);
+        }
+    }
+    run_all(sc);
+    check_against_alone(&f, o, ref, nr);
+    const struct sched_stats *st = sched_stats(sc);
+    ck_assert_int_gt(st->mixed_steps, 0);
+    ck_assert_int_eq(st->finished, nr);
+    ck_assert_int_eq(st->decode_rows, (int64_t)nr * (GEN - 1));
+    struct kv_cache *kv = runner_kv(many.r);
+    for (int32_t g = 0; g < kv_n_groups(kv); g++) ck_assert_int_eq(kv_blocks_in_use(kv, g), 0);
+    ck_assert_msg(kv_cache_validate(kv) == BERTH_OK, "%s", berth_last_error());
+
+    /* 2. n = 4 samples: one prefill, three forks; sample k equals a lone run with seed 5 + k. */
+    memset(o, 0, sizeof *o);
+    int64_t forks0 = kv_counters(kv)->forks, pre0 = st->prefill_tokens, cached0 = st->cached_tokens;
+    const struct g4_prompt *p0 = &f.prompts[0];
+    struct sched_request rq = request(p0, 0.9f, 5, 4);
+    ck_assert_int_eq(sched_add(sc, 9, &rq), BERTH_OK);
+    run_all(sc);
+    ck_assert_int_eq(kv_counters(kv)->forks - forks0, 3);
+    ck_assert_int_eq(st->prefill_tokens + st->cached_tokens - pre0 - cached0, p0->n);
+    for (int32_t k = 0; k < 4; k++) {
+        int32_t want[GEN];
+        alone(one.r, p0->ids, p0->n, 0.9f, 5 + (uint64_t)k, want);
+        ck_assert_int_eq(o->n[9][k], GEN);
+        for (int32_t t = 0; t < GEN; t++)
+            ck_assert_msg(o->toks[9][k][t] == want[t], "%s: sample %d token %d: %d forked, %d alone", f.variant,
+                          (int)k, (int)t, (int)o->toks[9][k][t], (int)want[t]);
+    }
+
+    /* 3. Cancel frees at once. */
+    memset(o, 0, sizeof *o);
+    rq = request(p0, 0.0f, 0, 1);
+    ck_assert_int_eq(sched_add(sc, 3, &rq), BERTH_OK);
+    int did;
+    ck_assert_int_eq(sched_step(sc, &did), BERTH_OK);
+    ck_assert_int_gt(kv_blocks_in_use(kv, kv_n_groups(kv) - 1), 0);
+    ck_assert_int_eq(sched_cancel(sc, 3), BERTH_OK);
+    ck_assert_str_eq(o->finish[3][0], SCHED_FINISH_CANCEL);
+    for (int32_t g = 0; g < kv_n_groups(kv); g++) ck_assert_int_eq(kv_blocks_in_use(kv, g), 0);
+    ck_assert_int_eq(sched_pending(sc), 0);
+    ck_assert_int_eq(sched_cancel(sc, 3), BERTH_E_INVALID);
+    ck_assert_str_eq(berth_last_error(), "no live request has id 3");
+    sched_free(sc);
+    uint64_t block_bytes = 0;
+    for (int32_t g = 0; g < kv_n_groups(kv); g++) block_bytes += kv_block_bytes(kv, g);
+    g4_close(&many);
+
+    /* 4. A tight KV budget: the longest request fits alone (plus slack), all together do not. */
+    int32_t longest = 0;
+    for (int32_t i = 0; i < nr; i++)
+        if (req_prompt(&f, i)->n > longest) longest = req_prompt(&f, i)->n;
+    int32_t blocks = (longest + GEN + BLOCK - 1) / BLOCK + 2;
+    open_batch(f.dir, 4, (uint64_t)blocks * block_bytes, &many);
+    memset(o, 0, sizeof *o);
+    ck_assert_int_eq(sched_create(many.r, &cb, &sc), BERTH_OK);
+    for (int32_t i = 0; i < nr; i++) {
+        rq = request(req_prompt(&f, i), req_temp(&f, i), 17 + (uint64_t)i, 1);
+        ck_assert_msg(sched_add(sc, i, &rq) == BERTH_OK, "%s", berth_last_error());
+    }
+    run_all(sc);
+    check_against_alone(&f, o, ref, nr);
+    ck_assert_msg(sched_stats(sc)->preemptions > 0, "%s: no preemption with %d blocks", f.variant, (int)blocks);
+    ck_assert_msg(kv_cache_validate(runner_kv(many.r)) == BERTH_OK, "%s", berth_last_error());
+    /* A request that alone cannot fit fails at once, naming the group. */
+    struct g4_prompt big = *p0;
+    big.n = blocks * BLOCK;
+    int32_t *ids = calloc((size_t)big.n, sizeof *ids);
+    big.ids = ids;
+    rq = request(&big, 0.0f, 0, 1);
+    ck_assert_int_eq(sched_add(sc, 1, &rq), BERTH_E_DEVICE_OOM);
+    ck_assert_ptr_nonnull(strstr(berth_last_error(), "KV blocks of group '"));
+    ck_assert_int_eq(sched_pending(sc), 0);
+    free(ids);
+    sched_free(sc);
+    g4_close(&many);
+    g4_close(&one);
+    free(o);
+    g4_free_fixture(&f);
+}
+END_TEST
+
+int main(void)
+{
+    n_fixtures = g4_list_fixtures(&fixture_dirs);
+    if (n_fixtures == 0) {
+        printf("SKIP: no Gemma 4 fixtures\n");
+        return 77;
+    }
+    Suite *su = suite_create("sched_gemma4_batching");
+    TCase *tc = tcase_create("fixtures");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_batching, 0, n_fixtures);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    g4_free_list(fixture_dirs, n_fixtures);
+    return failed ? 1 : 0;
+}
