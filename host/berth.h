@@ -50,7 +50,24 @@ typedef struct berth_engine_request {
     int32_t ignore_eos;        /* do not stop at the checkpoint's EOS ids */
     int32_t n_stop_ids;
     const int32_t *stop_ids;   /* stop after generating any of these (copied) */
+    /* Fields below are read only when struct_size covers them (zero = off). */
+    float min_p;               /* <= 0: off; keep ids with probability >= min_p x the best one's */
+    float repetition_penalty;  /* 0 or 1: off; > 1 discourages ids already in the prompt or the output */
+    float presence_penalty;    /* 0: off; subtracted once from the logit of every id already generated */
+    float frequency_penalty;   /* 0: off; subtracted per occurrence of each id already generated */
+    /* Which ids the penalties count: with a repetition penalty, prompt + generated for all three (HF counts the
+     * prompt for repetition); without one, generated only (vLLM / OpenAI presence and frequency). */
+    int32_t logprobs;          /* non-zero: TOKEN events carry the token's logprob ... */
+    int32_t top_logprobs;      /* ... and the top_logprobs (0..20) most likely ids with theirs */
+    int32_t n_stop_strings;
+    const char *const *stop_strings; /* (copied) stop when the sample's detokenized text contains one; the DONE
+                                      * text ends before it (the stop string excluded), finish_reason "stop"; the
+                                      * checkpoint must have a tokenizer.json. Token counts include the token that
+                                      * completed the stop string. */
 } berth_engine_request;
+
+/* Most top logprobs a request may ask for. */
+#define BERTH_MAX_TOP_LOGPROBS 20
 
 #define BERTH_EVENT_TOKEN 0
 #define BERTH_EVENT_DONE 1
@@ -65,6 +82,16 @@ typedef struct berth_engine_event {
     berth_status status;       /* DONE: BERTH_OK unless finish_reason is "error" */
     const char *finish_reason; /* DONE: "stop", "length", "cancelled", "error" */
     const char *message;       /* DONE with an error: one line */
+    /* TOKEN, when the request asked for logprobs: log-softmax of the (penalised, temperature-free) logits at the
+     * token, and the n_top best ids, best first (arrays valid during the call). has_logprob = 0 otherwise. */
+    int32_t has_logprob;
+    float logprob;
+    int32_t n_top;
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    /* DONE: the sample's generated text (special tokens skipped), cut before a matched stop string; NULL when the
+     * checkpoint has no tokenizer.json. */
+    const char *text;
 } berth_engine_event;
 
 /* Called on the engine thread; the event is valid only during the call. */
@@ -74,7 +101,8 @@ typedef struct berth_engine_stats {
     uint32_t struct_size;
     int32_t running, waiting;  /* requests now */
     int64_t steps;             /* forward calls */
-    int64_t prefill_tokens;    /* tokens computed by prefill chunks (including recompute after preemption) */
+    int64_t prefill_tokens;    /* prompt tokens computed by prefill chunks for the first time */
+    int64_t recomputed_tokens; /* tokens computed again after a preemption (not in prefill_tokens) */
     int64_t cached_tokens;     /* prompt tokens served from the prefix cache */
     int64_t decode_rows;
     int64_t mixed_steps;       /* steps with both prefill tokens and decode rows */

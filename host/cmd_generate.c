@@ -40,6 +40,12 @@ static const char generate_usage[] =
     "  --temperature T        0 = greedy (default); > 0 samples\n"
     "  --top-k K              keep the K most likely tokens (0 = off, default)\n"
     "  --top-p P              nucleus sampling mass in (0, 1] (1 = off, default)\n"
+    "  --min-p P              keep tokens with probability >= P x the best one's, P in [0, 1] (0 = off, default)\n"
+    "  --repetition-penalty R > 1 discourages tokens already in the prompt or output (1 = off, default)\n"
+    "  --presence-penalty X   subtracted once from the logit of every token already generated (0 = off)\n"
+    "  --frequency-penalty X  subtracted per occurrence of each token already generated (0 = off)\n"
+    "                         (with --repetition-penalty, presence/frequency count prompt tokens too)\n"
+    "  --logprobs N           with --json: each token's logprob and the N (0..20) most likely tokens' logprobs\n"
     "  --seed S               seed of the sampler (default 0)\n"
     "  --ignore-eos           do not stop at the model's end-of-sequence ids\n"
     "  --json                 print one JSON object: tokens, text, prompt_tokens, finish_reason, stats\n"
@@ -166,6 +172,24 @@ static int parse_args(int argc, char **argv, struct gen_args *a)
         } else if ((v = option_value(argc, argv, &i, "--top-p", &missing))) {
             if (parse_f32(v, 0.0, 1.0, &a->gen.sampling.top_p) || a->gen.sampling.top_p <= 0.0f)
                 return usage_error("--top-p '%s' is not a number in (0, 1]", v);
+        } else if ((v = option_value(argc, argv, &i, "--min-p", &missing))) {
+            if (parse_f32(v, 0.0, 1.0, &a->gen.sampling.min_p))
+                return usage_error("--min-p '%s' is not a number in [0, 1]", v);
+        } else if ((v = option_value(argc, argv, &i, "--repetition-penalty", &missing))) {
+            if (parse_f32(v, 0.0, 1e30, &a->gen.sampling.repetition_penalty) ||
+                a->gen.sampling.repetition_penalty <= 0.0f)
+                return usage_error("--repetition-penalty '%s' is not a number > 0", v);
+        } else if ((v = option_value(argc, argv, &i, "--presence-penalty", &missing))) {
+            if (parse_f32(v, -1e30, 1e30, &a->gen.sampling.presence_penalty))
+                return usage_error("--presence-penalty '%s' is not a number", v);
+        } else if ((v = option_value(argc, argv, &i, "--frequency-penalty", &missing))) {
+            if (parse_f32(v, -1e30, 1e30, &a->gen.sampling.frequency_penalty))
+                return usage_error("--frequency-penalty '%s' is not a number", v);
+        } else if ((v = option_value(argc, argv, &i, "--logprobs", &missing))) {
+            if (parse_i64(v, 0, RUNNER_MAX_TOP_LOGPROBS, &n))
+                return usage_error("--logprobs '%s' is not a count in 0..20", v);
+            a->gen.logprobs = 1;
+            a->gen.sampling.n_top = (int32_t)n;
         } else if ((v = option_value(argc, argv, &i, "--seed", &missing))) {
             char *end;
             errno = 0;
@@ -278,6 +302,25 @@ static int print_result(const struct gen_args *a, const struct runner_generation
     json_object_set_new(o, "prompt_tokens", json_integer(a->n_prompt));
     json_object_set_new(o, "tokens", toks);
     if (gen_text) json_object_set_new(o, "text", json_stringn(gen_text, gen_len));
+    if (g->logprobs) {
+        /* Per token: {"token", "logprob", "top": [{"token", "logprob"}, ...]} (temperature-free, penalised). */
+        json_t *lps = json_array();
+        for (int32_t i = 0; i < g->n_tokens; i++) {
+            const struct runner_sample_out *lp = &g->logprobs[i];
+            json_t *e = json_object(), *top = json_array();
+            json_object_set_new(e, "token", json_integer(g->tokens[i]));
+            json_object_set_new(e, "logprob", json_real(lp->logprob));
+            for (int32_t k = 0; k < lp->n_top; k++) {
+                json_t *t = json_object();
+                json_object_set_new(t, "token", json_integer(lp->top_ids[k]));
+                json_object_set_new(t, "logprob", json_real(lp->top_logprobs[k]));
+                json_array_append_new(top, t);
+            }
+            json_object_set_new(e, "top", top);
+            json_array_append_new(lps, e);
+        }
+        json_object_set_new(o, "logprobs", lps);
+    }
     json_object_set_new(o, "finish_reason", json_string(g->finish_reason));
     json_object_set_new(o, "stats", stats_json(r, sel));
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
@@ -321,6 +364,7 @@ static void gen_release(struct gen_state *s)
     if (s->dump) fclose(s->dump);
     free(s->logits);
     free(s->gen.tokens);
+    free(s->gen.logprobs);
     prompt_stream_free(s->text);
     tok_free(s->tok);
 }

@@ -158,6 +158,7 @@ static void print_stats(berth_engine *e)
     json_t *o = json_object();
     json_object_set_new(o, "steps", json_integer(st.steps));
     json_object_set_new(o, "prefill_tokens", json_integer(st.prefill_tokens));
+    json_object_set_new(o, "recomputed_tokens", json_integer(st.recomputed_tokens));
     json_object_set_new(o, "cached_tokens", json_integer(st.cached_tokens));
     json_object_set_new(o, "decode_rows", json_integer(st.decode_rows));
     json_object_set_new(o, "mixed_steps", json_integer(st.mixed_steps));

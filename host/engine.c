@@ -5,14 +5,24 @@
 #include "checkpoint.h"
 #include "config.h"
 #include "errors.h"
+#include "prompt_text.h"
 #include "registry.h"
 #include "runner.h"
 #include "scheduler.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* One sample's detokenized output (engine thread only). */
+struct sample_text {
+    berth_tok_stream *ts;
+    char *buf;
+    size_t len, cap;
+    int cut;                   /* a stop string matched: buf ends before it */
+};
 
 /* A submitted request until its last sample is done. */
 struct live {
@@ -22,6 +32,11 @@ struct live {
     int32_t samples_left;
     int added;                 /* handed to the scheduler */
     struct sched_request rq;   /* owned copies of prompt / stop ids until added */
+    char **stop_str;           /* owned */
+    int32_t n_stop_str;
+    size_t stop_max;           /* longest stop string, bytes */
+    struct sample_text *texts; /* [n] when the engine has a tokenizer, else NULL */
+    int32_t n_texts;
 };
 
 struct berth_engine {
@@ -33,6 +48,7 @@ struct berth_engine {
     struct runner *runner;
     struct scheduler *sched;
     berth_model_info info;
+    berth_tokenizer *tok;      /* NULL when the checkpoint has no tokenizer.json */
 
     pthread_t thread;
     int thread_started;
@@ -60,17 +76,75 @@ static int32_t live_find(const berth_engine *e, int64_t id)
     return -1;
 }
 
+static void live_free_parts(struct live *l)
+{
+    free((void *)l->rq.prompt);
+    free((void *)l->rq.stop_ids);
+    for (int32_t k = 0; k < l->n_stop_str; k++) free(l->stop_str[k]);
+    free(l->stop_str);
+    for (int32_t k = 0; k < l->n_texts; k++) {
+        tok_stream_free(l->texts[k].ts);
+        free(l->texts[k].buf);
+    }
+    free(l->texts);
+}
+
 static void live_drop(berth_engine *e, int32_t i)
 {
-    free((void *)e->live[i].rq.prompt);
-    free((void *)e->live[i].rq.stop_ids);
+    live_free_parts(&e->live[i]);
     memmove(e->live + i, e->live + i + 1, (size_t)(e->n_live - i - 1) * sizeof *e->live);
     e->n_live--;
 }
 
 static void snapshot(berth_engine *e);
 
-static void on_token(void *arg, int64_t id, int32_t index, int32_t token)
+/* Append piece to t; 0 when out of memory. */
+static int text_append(struct sample_text *t, const char *piece, size_t n)
+{
+    if (t->len + n + 1 > t->cap) {
+        size_t cap = t->cap ? t->cap : 64;
+        while (cap < t->len + n + 1) cap *= 2;
+        char *b = realloc(t->buf, cap);
+        if (!b) return 0;
+        t->buf = b;
+        t->cap = cap;
+    }
+    memcpy(t->buf + t->len, piece, n);
+    t->len += n;
+    t->buf[t->len] = '\0';
+    return 1;
+}
+
+/* Detokenize token into sample text t; 1 when a stop string now occurs (t cut before its first occurrence).
+ * Only the tail that the new piece could complete is searched. Engine thread. */
+static int text_push(struct live *l, struct sample_text *t, int32_t token)
+{
+    if (!t->ts || t->cut) return 0;
+    char *piece = NULL;
+    size_t n = 0;
+    size_t old = t->len;
+    if (tok_stream_push_n(t->ts, token, &piece, &n) != BERTH_OK) {
+        /* An id outside the tokenizer (a model with a larger vocabulary): no text for it. */
+        free(piece);
+        return 0;
+    }
+    int ok = text_append(t, piece ? piece : "", piece ? n : 0);
+    free(piece);
+    if (!ok || l->n_stop_str == 0) return 0;
+    size_t from = old + 1 > l->stop_max ? old + 1 - l->stop_max : 0;
+    size_t best = (size_t)-1;
+    for (int32_t k = 0; k < l->n_stop_str; k++) {
+        const char *hit = strstr(t->buf + from, l->stop_str[k]);
+        if (hit && (size_t)(hit - t->buf) < best) best = (size_t)(hit - t->buf);
+    }
+    if (best == (size_t)-1) return 0;
+    t->len = best;
+    t->buf[best] = '\0';
+    t->cut = 1;
+    return 1;
+}
+
+static int on_token_ex(void *arg, int64_t id, int32_t index, int32_t token, const struct runner_sample_out *lp)
 {
     berth_engine *e = arg;
     pthread_mutex_lock(&e->mu);
@@ -78,15 +152,26 @@ static void on_token(void *arg, int64_t id, int32_t index, int32_t token)
     int32_t i = live_find(e, id);
     berth_engine_event_fn cb = i >= 0 ? e->live[i].cb : NULL;
     void *cb_arg = i >= 0 ? e->live[i].arg : NULL;
+    int stop = 0;
+    /* The live entry's texts array stays put while it lives (entries move, their pointers do not). */
+    if (i >= 0 && index < e->live[i].n_texts) stop = text_push(&e->live[i], &e->live[i].texts[index], token);
     pthread_mutex_unlock(&e->mu);
-    if (!cb) return;
+    if (!cb) return stop;
     berth_engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = BERTH_EVENT_TOKEN;
     ev.index = index;
     ev.request_id = id;
     ev.token = token;
+    if (lp) {
+        ev.has_logprob = 1;
+        ev.logprob = lp->logprob;
+        ev.n_top = lp->n_top;
+        ev.top_ids = lp->top_ids;
+        ev.top_logprobs = lp->top_logprobs;
+    }
     cb(cb_arg, &ev);
+    return stop;
 }
 
 static void on_done(void *arg, int64_t id, int32_t index, const char *finish, int32_t n_tokens, int32_t cached,
@@ -99,10 +184,28 @@ static void on_done(void *arg, int64_t id, int32_t index, const char *finish, in
     int32_t i = live_find(e, id);
     berth_engine_event_fn cb = i >= 0 ? e->live[i].cb : NULL;
     void *cb_arg = i >= 0 ? e->live[i].arg : NULL;
+    /* The sample's text, finished (held-back bytes flushed unless a stop string cut it), taken out of the entry. */
+    char *text = NULL;
+    if (i >= 0 && index >= 0 && index < e->live[i].n_texts) {
+        struct sample_text *t = &e->live[i].texts[index];
+        if (t->ts && !t->cut) {
+            char *piece = NULL;
+            size_t n = 0;
+            if (tok_stream_finish_n(t->ts, &piece, &n) == BERTH_OK && piece) text_append(t, piece, n);
+            free(piece);
+        }
+        if (!t->buf) text_append(t, "", 0);
+        text = t->buf;
+        t->buf = NULL;
+        t->len = t->cap = 0;
+    }
     /* Its queue slot frees before the last DONE is delivered: whoever waits for DONE then finds room. */
     if (i >= 0 && --e->live[i].samples_left <= 0) live_drop(e, i);
     pthread_mutex_unlock(&e->mu);
-    if (!cb) return;
+    if (!cb) {
+        free(text);
+        return;
+    }
     berth_engine_event ev;
     memset(&ev, 0, sizeof ev);
     ev.kind = BERTH_EVENT_DONE;
@@ -113,7 +216,9 @@ static void on_done(void *arg, int64_t id, int32_t index, const char *finish, in
     ev.status = st;
     ev.finish_reason = finish;
     ev.message = msg ? msg : "";
+    ev.text = text;
     cb(cb_arg, &ev);
+    free(text);
 }
 
 /* Refresh the stats snapshot. Engine thread, under mu. */
@@ -128,6 +233,7 @@ static void snapshot(berth_engine *e)
         if (!e->live[i].added) o->waiting++;
     o->steps = s->steps;
     o->prefill_tokens = s->prefill_tokens;
+    o->recomputed_tokens = s->recomputed_tokens;
     o->cached_tokens = s->cached_tokens;
     o->decode_rows = s->decode_rows;
     o->mixed_steps = s->mixed_steps;
@@ -207,11 +313,9 @@ static void engine_release(berth_engine *e)
     registry_free(e->reg);
     config_free(e->cfg);
     if (e->live)
-        for (int32_t i = 0; i < e->n_live; i++) {
-            free((void *)e->live[i].rq.prompt);
-            free((void *)e->live[i].rq.stop_ids);
-        }
+        for (int32_t i = 0; i < e->n_live; i++) live_free_parts(&e->live[i]);
     free(e->live);
+    tok_free(e->tok);
     free(e->cancels);
 }
 
@@ -262,7 +366,9 @@ berth_status berth_engine_create(const berth_engine_config *c, berth_engine **ou
     rc.state_snapshots = 2 * rc.max_seqs;
     if ((st = runner_create(&rc, &e->runner))) goto fail;
     e->info = *runner_info(e->runner);
-    struct sched_callbacks cb = {on_token, on_done, e};
+    /* Optional: without tokenizer.json the engine serves ids only (no text, no stop strings). */
+    if ((st = prompt_tokenizer_open(dir, 0, &e->tok))) goto fail;
+    struct sched_callbacks cb = {NULL, on_done, e, on_token_ex};
     if ((st = sched_create(e->runner, &cb, &e->sched))) goto fail;
     e->capacity = c->queue_capacity > 0 ? c->queue_capacity : 4 * rc.max_seqs;
     e->live = calloc((size_t)e->capacity, sizeof *e->live);
@@ -332,11 +438,54 @@ berth_status berth_engine_submit(berth_engine *e, const berth_engine_request *rq
                           (int)runner_max_seqs(e->runner));
     if (rq->n_stop_ids < 0 || (rq->n_stop_ids > 0 && !rq->stop_ids))
         return berth_fail(BERTH_E_INVALID, "engine: bad stop id list (%d ids)", (int)rq->n_stop_ids);
+    /* The tail fields, read only when the caller's struct has them. */
+    berth_engine_request x;
+    memset(&x, 0, sizeof x);
+    memcpy(&x, rq, rq->struct_size < sizeof x ? (rq->struct_size >= offsetof(berth_engine_request, min_p)
+                                                     ? rq->struct_size
+                                                     : offsetof(berth_engine_request, min_p))
+                                               : sizeof x);
+    if (x.top_logprobs < 0 || x.top_logprobs > BERTH_MAX_TOP_LOGPROBS)
+        return berth_fail(BERTH_E_INVALID, "engine: top_logprobs = %d must be in 0..%d", (int)x.top_logprobs,
+                          BERTH_MAX_TOP_LOGPROBS);
+    if (!(x.repetition_penalty >= 0.0f) || !(x.min_p <= 1.0f) || x.presence_penalty != x.presence_penalty ||
+        x.frequency_penalty != x.frequency_penalty)
+        return berth_fail(BERTH_E_INVALID, "engine: bad sampling parameters (min_p %g, repetition_penalty %g, "
+                          "presence_penalty %g, frequency_penalty %g)", (double)x.min_p,
+                          (double)x.repetition_penalty, (double)x.presence_penalty, (double)x.frequency_penalty);
+    if (x.n_stop_strings < 0 || (x.n_stop_strings > 0 && !x.stop_strings))
+        return berth_fail(BERTH_E_INVALID, "engine: bad stop string list (%d strings)", (int)x.n_stop_strings);
+    for (int32_t k = 0; k < x.n_stop_strings; k++)
+        if (!x.stop_strings[k] || !x.stop_strings[k][0])
+            return berth_fail(BERTH_E_INVALID, "engine: stop string %d is empty", (int)k);
+    if (x.n_stop_strings > 0 && !e->tok)
+        return berth_fail(BERTH_E_UNSUPPORTED, "engine: stop strings need the checkpoint's tokenizer.json, and "
+                          "this checkpoint has none");
+    struct live nl;
+    memset(&nl, 0, sizeof nl);
+    if (x.n_stop_strings > 0) nl.stop_str = calloc((size_t)x.n_stop_strings, sizeof *nl.stop_str);
+    if (e->tok) nl.texts = calloc((size_t)n, sizeof *nl.texts);
+    int oom = (x.n_stop_strings > 0 && !nl.stop_str) || (e->tok && !nl.texts);
+    for (int32_t k = 0; !oom && k < x.n_stop_strings; k++) {
+        nl.stop_str[k] = strdup(x.stop_strings[k]);
+        oom = !nl.stop_str[k];
+        nl.n_stop_str = k + 1;
+        size_t len = strlen(x.stop_strings[k]);
+        if (len > nl.stop_max) nl.stop_max = len;
+    }
+    if (e->tok) nl.n_texts = n;
+    for (int32_t k = 0; !oom && k < nl.n_texts; k++)
+        oom = tok_stream_new(e->tok, 1, &nl.texts[k].ts) != BERTH_OK;
+    if (oom) {
+        live_free_parts(&nl);
+        return berth_fail(BERTH_E_NOMEM, "engine: out of host memory");
+    }
     int32_t *prompt = malloc((size_t)rq->n_prompt * sizeof *prompt);
     int32_t *stop = malloc((size_t)(rq->n_stop_ids > 0 ? rq->n_stop_ids : 1) * sizeof *stop);
     if (!prompt || !stop) {
         free(prompt);
         free(stop);
+        live_free_parts(&nl);
         return berth_fail(BERTH_E_NOMEM, "engine: out of host memory");
     }
     memcpy(prompt, rq->prompt, (size_t)rq->n_prompt * sizeof *prompt);
@@ -349,11 +498,12 @@ berth_status berth_engine_submit(berth_engine *e, const berth_engine_request *rq
         pthread_mutex_unlock(&e->mu);
         free(prompt);
         free(stop);
+        live_free_parts(&nl);
         return berth_fail(BERTH_E_OVERLOADED, "engine overloaded: %d requests are queued or running (the queue "
                           "holds %d); retry later", (int)cap, (int)cap);
     }
     struct live *l = &e->live[e->n_live++];
-    memset(l, 0, sizeof *l);
+    *l = nl;
     l->id = e->next_id++;
     l->cb = cb;
     l->arg = arg;
@@ -366,6 +516,12 @@ berth_status berth_engine_submit(berth_engine *e, const berth_engine_request *rq
     l->rq.sampling.top_k = rq->top_k;
     l->rq.sampling.top_p = rq->top_p > 0 ? rq->top_p : 1.0f;
     l->rq.sampling.seed = rq->seed;
+    l->rq.sampling.min_p = x.min_p;
+    l->rq.sampling.repetition_penalty = x.repetition_penalty;
+    l->rq.sampling.presence_penalty = x.presence_penalty;
+    l->rq.sampling.frequency_penalty = x.frequency_penalty;
+    l->rq.sampling.n_top = x.logprobs ? x.top_logprobs : 0;
+    l->rq.logprobs = x.logprobs != 0;
     l->rq.ignore_eos = rq->ignore_eos;
     l->rq.stop_ids = stop;
     l->rq.n_stop_ids = rq->n_stop_ids;

@@ -27,7 +27,7 @@ struct runner {
 
     /* One metadata buffer, carved into sections (offsets below); host staging copies beside it. */
     berth_buffer *meta;
-    uint64_t off_tokens, off_positions, off_q_start, off_kv_len, off_logit_rows, off_state_slots, off_ids;
+    uint64_t off_tokens, off_positions, off_q_start, off_kv_len, off_logit_rows, off_state_slots, off_ids, off_lp, off_top_ids, off_top_lp;
     uint64_t *off_table, *off_slots; /* per KV group */
     int32_t *h_tokens, *h_positions, *h_q_start, *h_kv_len, *h_logit_rows, *h_state_slots, *h_table, *h_slots;
     struct kv_seq_span *spans;
@@ -137,6 +137,9 @@ static berth_status alloc_meta(struct runner *r)
     r->off_logit_rows = off, off = align_up(off + T * 4);
     r->off_state_slots = off, off = align_up(off + S * 4);
     r->off_ids = off, off = align_up(off + S * 4);
+    r->off_lp = off, off = align_up(off + S * 4);
+    r->off_top_ids = off, off = align_up(off + S * RUNNER_MAX_TOP_LOGPROBS * 4);
+    r->off_top_lp = off, off = align_up(off + S * RUNNER_MAX_TOP_LOGPROBS * 4);
     r->off_table = calloc((size_t)(ng ? ng : 1), sizeof *r->off_table);
     r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
     r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
@@ -552,47 +555,97 @@ static berth_status host_argmax(struct runner *r, int32_t row, int32_t *id)
 berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
                                 const uint64_t *counters, int32_t *ids)
 {
+    return runner_sample_rows_lp(r, first, n_rows, sp, counters, ids, NULL);
+}
+
+static int uses_penalties(const struct runner_sampling *sp)
+{
+    float rep = sp->repetition_penalty == 0.0f ? 1.0f : sp->repetition_penalty;
+    return rep != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+}
+
+/* Per-row parameters the sample op would refuse or that cannot mean anything, with the row named. */
+static berth_status check_sampling(const struct runner_sampling *sp, int32_t row)
+{
+    if (sp->n_top < 0 || sp->n_top > RUNNER_MAX_TOP_LOGPROBS)
+        return berth_fail(BERTH_E_INVALID, "row %d: top logprobs = %d must be in 0..%d", (int)row, (int)sp->n_top,
+                          RUNNER_MAX_TOP_LOGPROBS);
+    if (sp->repetition_penalty < 0.0f || sp->repetition_penalty != sp->repetition_penalty)
+        return berth_fail(BERTH_E_INVALID, "row %d: repetition penalty = %g must be > 0", (int)row,
+                          (double)sp->repetition_penalty);
+    if (sp->n_history < 0 || (sp->n_history > 0 && !sp->history))
+        return berth_fail(BERTH_E_INVALID, "row %d: bad penalty history (%d ids)", (int)row, (int)sp->n_history);
+    return BERTH_OK;
+}
+
+berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
+                                   const uint64_t *counters, int32_t *ids, struct runner_sample_out *out)
+{
     if (first < 0 || n_rows < 1 || first + n_rows > r->n_logits || n_rows > r->max_seqs)
         return berth_fail(BERTH_E_INVALID, "cannot sample rows %d..%d: the last step made %d logit rows", (int)first,
                           (int)(first + n_rows - 1), (int)r->n_logits);
+    int32_t n_top = 0;
+    int64_t n_hist = 0;
+    for (int32_t i = 0; i < n_rows; i++) {
+        berth_status st = check_sampling(&sp[i], i);
+        if (st) return st;
+        if (out && sp[i].n_top > n_top) n_top = sp[i].n_top;
+        if (uses_penalties(&sp[i])) n_hist += sp[i].n_history;
+    }
+    if (n_top > r->info.vocab_size) n_top = r->info.vocab_size;
     const berth_ops *ops = r->be->ops;
     int have_sample = ops && BERTH_HAS(ops, berth_ops, sample) && ops->sample;
     if (!have_sample) {
         for (int32_t i = 0; i < n_rows; i++) {
+            const char *dev = r->be->device ? r->be->device->name : "?";
             if (sp[i].temperature > 0)
                 return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
-                                  r->be->device ? r->be->device->name : "?");
+                                  dev);
+            if (uses_penalties(&sp[i]) || out)
+                return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: no penalties or logprobs",
+                                  dev);
             berth_status st = host_argmax(r, first + i, &ids[i]);
             if (st) return st;
         }
         return BERTH_OK;
     }
-    /* One call for every row: per-row parameters side by side. */
+    /* One call for every row: per-row parameters side by side, histories concatenated. */
     size_t n = (size_t)n_rows;
     float *fl = malloc(n * 6 * sizeof *fl);
     int32_t *top_k = malloc(n * sizeof *top_k), *hist_start = calloc(n + 1, sizeof *hist_start);
+    int32_t *hist = malloc((size_t)(n_hist > 0 ? n_hist : 1) * sizeof *hist);
     uint64_t *seed = malloc(n * sizeof *seed);
-    if (!fl || !top_k || !hist_start || !seed) {
-        free(fl), free(top_k), free(hist_start), free(seed);
+    float *lp = out ? malloc(n * sizeof *lp) : NULL;
+    int32_t *tid = n_top > 0 ? malloc(n * (size_t)n_top * sizeof *tid) : NULL;
+    float *tlp = n_top > 0 ? malloc(n * (size_t)n_top * sizeof *tlp) : NULL;
+    if (!fl || !top_k || !hist_start || !hist || !seed || (out && !lp) || (n_top > 0 && (!tid || !tlp))) {
+        free(fl), free(top_k), free(hist_start), free(hist), free(seed), free(lp), free(tid), free(tlp);
         return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     }
     float *temperature = fl, *top_p = fl + n, *min_p = fl + 2 * n, *rep = fl + 3 * n, *presence = fl + 4 * n,
           *frequency = fl + 5 * n;
+    int32_t h = 0;
     for (size_t i = 0; i < n; i++) {
         temperature[i] = sp[i].temperature;
         top_p[i] = sp[i].top_p;
-        min_p[i] = 0.0f;
-        rep[i] = 1.0f;
-        presence[i] = 0.0f;
-        frequency[i] = 0.0f;
+        min_p[i] = sp[i].min_p;
+        rep[i] = sp[i].repetition_penalty == 0.0f ? 1.0f : sp[i].repetition_penalty;
+        presence[i] = sp[i].presence_penalty;
+        frequency[i] = sp[i].frequency_penalty;
         top_k[i] = sp[i].top_k;
         seed[i] = sp[i].seed;
+        hist_start[i] = h;
+        if (uses_penalties(&sp[i]) && sp[i].n_history > 0) {
+            memcpy(hist + h, sp[i].history, (size_t)sp[i].n_history * sizeof *hist);
+            h += sp[i].n_history;
+        }
     }
+    hist_start[n] = h;
     berth_sample_params p;
     memset(&p, 0, sizeof p);
     p.struct_size = sizeof p;
     p.n_rows = n_rows;
-    p.n_top = 0;
+    p.n_top = n_top;
     p.temperature = temperature;
     p.top_k = top_k;
     p.top_p = top_p;
@@ -602,20 +655,39 @@ berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows,
     p.frequency_penalty = frequency;
     p.seed = seed;
     p.counter = counters;
-    p.history = NULL;
+    p.history = h > 0 ? hist : NULL;
     p.history_start = hist_start;
     uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
     p.logits = tensor_2d(r->logits, (uint64_t)first * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, n_rows);
     p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, n_rows);
+    if (out) p.logprob = tensor_1d(r->meta, r->off_lp, BERTH_DTYPE_F32, n_rows);
+    if (n_top > 0) {
+        p.top_ids = tensor_2d(r->meta, r->off_top_ids, BERTH_DTYPE_I32, n_top, n_rows);
+        p.top_logprobs = tensor_2d(r->meta, r->off_top_lp, BERTH_DTYPE_F32, n_top, n_rows);
+    }
+    const berth_backend_vtable *vt = r->be->vt;
     berth_status st = ops->sample(r->be->be, r->stream, &p);
     if (st) {
         st = fail_with_backend(st, "sampling failed");
     } else {
-        st = r->be->vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, ids, n * sizeof *ids);
-        if (!st) st = r->be->vt->stream_sync(r->be->be, r->stream);
+        st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, ids, n * sizeof *ids);
+        if (!st && out) st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_lp, lp, n * sizeof *lp);
+        if (!st && n_top > 0)
+            st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_ids, tid, n * (size_t)n_top * 4);
+        if (!st && n_top > 0)
+            st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_lp, tlp, n * (size_t)n_top * 4);
+        if (!st) st = vt->stream_sync(r->be->be, r->stream);
         if (st) st = fail_with_backend(st, "cannot read the sampled tokens");
     }
-    free(fl), free(top_k), free(hist_start), free(seed);
+    for (size_t i = 0; !st && out && i < n; i++) {
+        out[i].logprob = lp[i];
+        out[i].n_top = sp[i].n_top < n_top ? sp[i].n_top : n_top;
+        for (int32_t k = 0; k < out[i].n_top; k++) {
+            out[i].top_ids[k] = tid[i * (size_t)n_top + (size_t)k];
+            out[i].top_logprobs[k] = tlp[i * (size_t)n_top + (size_t)k];
+        }
+    }
+    free(fl), free(top_k), free(hist_start), free(hist), free(seed), free(lp), free(tid), free(tlp);
     if (st) return st;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= r->info.vocab_size)
@@ -648,12 +720,23 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     const struct runner_sampling *sp = &gp->sampling;
     berth_status st = runner_check_prompt(&r->info, r->cfg.model_dir, prompt, n, max_new);
     if (st) return st;
-    int32_t *toks = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *toks);
-    if (!toks) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    /* all = prompt then generated: the penalty history. */
+    int32_t *all = malloc((size_t)(n + (max_new > 0 ? max_new : 1)) * sizeof *all);
+    struct runner_sample_out *lps = gp->logprobs ? calloc((size_t)(max_new > 0 ? max_new : 1), sizeof *lps) : NULL;
+    if (!all || (gp->logprobs && !lps)) {
+        free(all), free(lps);
+        return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    }
+    memcpy(all, prompt, (size_t)n * sizeof *all);
+    int32_t *toks = all + n;
+    struct runner_sampling row_sp = *sp;
+    int with_prompt = sp->repetition_penalty != 0.0f && sp->repetition_penalty != 1.0f;
+    row_sp.history = with_prompt ? all : toks;
+    if (!gp->logprobs) row_sp.n_top = 0;
     int32_t seq = -1;
     st = runner_seq_new(r, &seq);
     if (st) {
-        free(toks);
+        free(all), free(lps);
         return st;
     }
     const char *finish = RUNNER_FINISH_LENGTH;
@@ -664,7 +747,9 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     int32_t row = r->n_logits - 1;
     for (int32_t i = 0; !st && i < max_new; i++) {
         int32_t tok;
-        st = runner_sample_row(r, row, sp, (uint64_t)(n + i), &tok);
+        uint64_t ctr = (uint64_t)(n + i);
+        row_sp.n_history = with_prompt ? n + count : count;
+        st = runner_sample_rows_lp(r, row, 1, &row_sp, &ctr, &tok, lps ? &lps[count] : NULL);
         if (st) break;
         toks[count++] = tok;
         int stop = !gp->ignore_eos && is_eos(&r->info, tok);
@@ -680,10 +765,12 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     }
     runner_seq_free(r, seq);
     if (st) {
-        free(toks);
+        free(all), free(lps);
         return st;
     }
-    out->tokens = toks;
+    memmove(all, toks, (size_t)count * sizeof *all);
+    out->tokens = all;
+    out->logprobs = lps;
     out->n_tokens = count;
     out->finish_reason = finish;
     out->cached_tokens = cached;

@@ -90,11 +90,32 @@ berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, i
 /* Append one token to seq; logits_out (may be NULL) receives its [vocab] logits. */
 berth_status runner_decode(struct runner *r, int32_t seq, int32_t token, float *logits_out);
 
+/* Most top logprobs one row may ask for (as vLLM's default max_logprobs). */
+#define RUNNER_MAX_TOP_LOGPROBS 20
+
+/* A zero-initialised tail is "off": repetition_penalty 0 counts as 1. The penalties count the ids in history
+ * (which ids that is — prompt and/or generated — is the caller's choice; the scheduler's is in scheduler.h). */
 struct runner_sampling {
     float temperature; /* <= 0: greedy */
     int32_t top_k;     /* <= 0: off */
     float top_p;       /* >= 1: off */
     uint64_t seed;
+    float min_p;                 /* <= 0: off */
+    float repetition_penalty;    /* 1 (or 0): off; > 0 */
+    float presence_penalty;      /* 0: off */
+    float frequency_penalty;     /* 0: off */
+    const int32_t *history;      /* n_history ids the penalties count (borrowed for the call) */
+    int32_t n_history;
+    int32_t n_top;               /* top logprobs wanted, 0..RUNNER_MAX_TOP_LOGPROBS */
+};
+
+/* Per row: the log-softmax of the penalised, temperature-free logits at the chosen id and at the n_top best ids
+ * (best first, ties to the lower id), as the backend's sample op defines them. */
+struct runner_sample_out {
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[RUNNER_MAX_TOP_LOGPROBS];
+    float top_logprobs[RUNNER_MAX_TOP_LOGPROBS];
 };
 
 /* Sample one token from row `row` of the last step's logits with the backend's sample op (greedy when
@@ -105,6 +126,10 @@ berth_status runner_sample_row(struct runner *r, int32_t row, const struct runne
  * sp[i] and counters[i] into ids[i]. */
 berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
                                 const uint64_t *counters, int32_t *ids);
+/* As runner_sample_rows, and out[i] (out may be NULL) receives row i's logprobs. Backends without a sample op
+ * support greedy rows without penalties or logprobs only. */
+berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
+                                   const uint64_t *counters, int32_t *ids, struct runner_sample_out *out);
 
 #define RUNNER_FINISH_LENGTH "length"
 #define RUNNER_FINISH_STOP "stop"
@@ -113,6 +138,7 @@ struct runner_generation {
     int32_t n_tokens;
     const char *finish_reason; /* RUNNER_FINISH_*: EOS id of the model ("stop") or max_new reached ("length") */
     int32_t cached_tokens;     /* prompt tokens taken from the prefix cache */
+    struct runner_sample_out *logprobs; /* [n_tokens] when runner_gen_params.logprobs, else NULL; caller frees */
 };
 
 /* Called after each generated token; return non-zero to stop early (finish_reason "stop"). */
@@ -122,12 +148,14 @@ struct runner_gen_params {
     int32_t max_new;                 /* tokens to generate at most */
     struct runner_sampling sampling;
     int32_t ignore_eos;              /* keep going past the model's EOS ids (references, benchmarks) */
+    int32_t logprobs;                /* fill runner_generation.logprobs (sampling.n_top best per token too) */
 };
 
 /* Check the prompt, reuse its longest cached prefix (only when prompt_logits is NULL: those rows must be
  * computed), prefill the rest (all logits into prompt_logits [n x vocab] when non-NULL), then sample up to
  * max_new tokens, decoding each one but the last through the KV cache: n_tokens - 1 decode steps, no
- * re-prefill. Stops at an EOS id of the model unless ignore_eos. Uses a fresh sequence and frees it. */
+ * re-prefill. Stops at an EOS id of the model unless ignore_eos. Penalties count the ids scheduler.h says
+ * (prompt + generated with a repetition penalty, else generated only). Uses a fresh sequence and frees it. */
 berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n, const struct runner_gen_params *gp,
                              float *prompt_logits, runner_token_fn cb, void *arg, struct runner_generation *out);
 

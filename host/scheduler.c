@@ -18,13 +18,16 @@ struct req {
     int32_t *toks;           /* prompt + generated; capacity n_prompt + max_new */
     int32_t n_prompt, n_toks;
     int32_t n_fed;           /* tokens whose K/V the sequence holds */
+    int32_t n_fed_max;       /* most tokens it ever held: below it, feeding again is recompute */
     int32_t seq;             /* -1 while waiting */
     int32_t max_new, n_gen;
     struct runner_sampling sp;
+    int32_t logprobs;
     int32_t ignore_eos;
     int32_t *stop;
     int32_t n_stop;
     int32_t cached;          /* prompt tokens the prefix cache served at first admission */
+    struct runner_sample_out fork_lp; /* a forked sibling's first token's logprobs, until reported */
     int admitted_once;
 };
 
@@ -43,6 +46,7 @@ struct scheduler {
     struct plan_item *plan;
     struct runner_seq_step *steps;
     struct runner_sampling *row_sp;
+    struct runner_sample_out *row_lp;
     uint64_t *row_ctr;
     int32_t *row_ids;
     int32_t *need_sum, *need;
@@ -69,11 +73,12 @@ berth_status sched_create(struct runner *r, const struct sched_callbacks *cb, st
     s->plan = calloc(S, sizeof *s->plan);
     s->steps = calloc(S, sizeof *s->steps);
     s->row_sp = calloc(S, sizeof *s->row_sp);
+    s->row_lp = calloc(S, sizeof *s->row_lp);
     s->row_ctr = calloc(S, sizeof *s->row_ctr);
     s->row_ids = calloc(S, sizeof *s->row_ids);
     s->need_sum = calloc(G, sizeof *s->need_sum);
     s->need = calloc(G, sizeof *s->need);
-    if (!s->plan || !s->steps || !s->row_sp || !s->row_ctr || !s->row_ids || !s->need_sum || !s->need) {
+    if (!s->plan || !s->steps || !s->row_sp || !s->row_lp || !s->row_ctr || !s->row_ids || !s->need_sum || !s->need) {
         sched_free(s);
         return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
     }
@@ -92,6 +97,7 @@ void sched_free(struct scheduler *s)
     free(s->plan);
     free(s->steps);
     free(s->row_sp);
+    free(s->row_lp);
     free(s->row_ctr);
     free(s->row_ids);
     free(s->need_sum);
@@ -172,6 +178,12 @@ berth_status sched_add(struct scheduler *s, int64_t id, const struct sched_reque
                           (int)runner_max_seqs(s->r));
     if (rq->n_stop_ids < 0 || (rq->n_stop_ids > 0 && !rq->stop_ids))
         return berth_fail(BERTH_E_INVALID, "bad stop id list (%d ids)", (int)rq->n_stop_ids);
+    if (rq->logprobs && (rq->sampling.n_top < 0 || rq->sampling.n_top > RUNNER_MAX_TOP_LOGPROBS))
+        return berth_fail(BERTH_E_INVALID, "top logprobs = %d must be in 0..%d", (int)rq->sampling.n_top,
+                          RUNNER_MAX_TOP_LOGPROBS);
+    if (rq->sampling.repetition_penalty < 0.0f)
+        return berth_fail(BERTH_E_INVALID, "repetition penalty = %g must be > 0",
+                          (double)rq->sampling.repetition_penalty);
     for (int32_t i = 0; i < s->n_reqs; i++)
         if (s->reqs[i]->id == id) return berth_fail(BERTH_E_INVALID, "request id %lld is already in use", (long long)id);
     /* Alone, it must fit: the prompt and every sample's tokens (sliding groups: at most their window bound). */
@@ -205,6 +217,10 @@ berth_status sched_add(struct scheduler *s, int64_t id, const struct sched_reque
     q->seq = -1;
     q->max_new = rq->max_new;
     q->sp = rq->sampling;
+    q->sp.history = NULL;
+    q->sp.n_history = 0;
+    q->logprobs = rq->logprobs != 0;
+    if (!q->logprobs) q->sp.n_top = 0;
     q->ignore_eos = rq->ignore_eos;
     q->n_stop = rq->n_stop_ids;
     st = insert_at(s, s->n_reqs, q);
@@ -351,13 +367,27 @@ static int is_stop(const struct scheduler *s, const struct req *q, int32_t tok)
     return 0;
 }
 
-/* Append a sampled token; finish the request when it stops. */
-static void take_token(struct scheduler *s, struct req *q, int32_t tok)
+/* q's sampling parameters for its next token, the penalty history pointing into q->toks (scheduler.h). */
+static struct runner_sampling row_sampling(const struct req *q)
+{
+    struct runner_sampling sp = q->sp;
+    int with_prompt = sp.repetition_penalty != 0.0f && sp.repetition_penalty != 1.0f;
+    sp.history = with_prompt ? q->toks : q->toks + q->n_prompt;
+    sp.n_history = with_prompt ? q->n_toks : q->n_toks - q->n_prompt;
+    return sp;
+}
+
+/* Append a sampled token (lp: its logprobs, or NULL); finish the request when it stops. */
+static void take_token(struct scheduler *s, struct req *q, int32_t tok, const struct runner_sample_out *lp)
 {
     q->toks[q->n_toks++] = tok;
     q->n_gen++;
-    if (s->cb.on_token) s->cb.on_token(s->cb.arg, q->id, q->index, tok);
-    if (is_stop(s, q, tok))
+    int asked = 0;
+    if (s->cb.on_token_ex)
+        asked = s->cb.on_token_ex(s->cb.arg, q->id, q->index, tok, q->logprobs ? lp : NULL);
+    else if (s->cb.on_token)
+        s->cb.on_token(s->cb.arg, q->id, q->index, tok);
+    if (asked || is_stop(s, q, tok))
         finish(s, q, SCHED_FINISH_STOP, BERTH_OK, "");
     else if (q->n_gen >= q->max_new)
         finish(s, q, SCHED_FINISH_LENGTH, BERTH_OK, "");
@@ -397,7 +427,8 @@ static berth_status fork_samples(struct scheduler *s, struct req *q, int32_t row
         struct req *c = s->reqs[pos + k];
         uint64_t ctr = (uint64_t)c->n_toks;
         int32_t tok;
-        berth_status st = runner_sample_rows(s->r, row, 1, &c->sp, &ctr, &tok);
+        struct runner_sampling sp = row_sampling(c);
+        berth_status st = runner_sample_rows_lp(s->r, row, 1, &sp, &ctr, &tok, c->logprobs ? &c->fork_lp : NULL);
         if (st) return st;
         c->toks[c->n_toks++] = tok;
     }
@@ -434,20 +465,29 @@ berth_status sched_step(struct scheduler *s, int *did_work)
         return BERTH_OK;
     }
     s->stats.decode_rows += n_dec;
-    s->stats.prefill_tokens += n_pre;
     if (n_dec > 0 && n_pre > 0) s->stats.mixed_steps++;
-    int32_t rows = 0;
+    int32_t rows = 0, want_lp = 0;
     for (int32_t i = 0; i < n_plan; i++) {
         struct plan_item *p = &s->plan[i];
-        p->rq->n_fed += p->n;
+        struct req *q = p->rq;
+        if (!s->steps[i].is_decode) {
+            /* Positions below n_fed_max were computed before a preemption. */
+            int32_t hi = q->n_fed + p->n < q->n_fed_max ? q->n_fed + p->n : q->n_fed_max;
+            int32_t again = hi > q->n_fed ? hi - q->n_fed : 0;
+            s->stats.recomputed_tokens += again;
+            s->stats.prefill_tokens += p->n - again;
+        }
+        q->n_fed += p->n;
+        if (q->n_fed > q->n_fed_max) q->n_fed_max = q->n_fed;
         if (p->logits) {
-            s->row_sp[rows] = p->rq->sp;
+            want_lp |= q->logprobs;
+            s->row_sp[rows] = row_sampling(q);
             s->row_ctr[rows] = (uint64_t)p->rq->n_toks;
             rows++;
         }
     }
     if (rows == 0) return BERTH_OK;
-    st = runner_sample_rows(s->r, 0, rows, s->row_sp, s->row_ctr, s->row_ids);
+    st = runner_sample_rows_lp(s->r, 0, rows, s->row_sp, s->row_ctr, s->row_ids, want_lp ? s->row_lp : NULL);
     if (!st) {
         /* Forks first (they sample the parent's row, still in the logits buffer), then the tokens. */
         int32_t row = 0;
@@ -476,9 +516,10 @@ berth_status sched_step(struct scheduler *s, int *did_work)
         struct plan_item *p = &s->plan[i];
         if (!p->logits) continue;
         struct req *q = p->rq;
+        const struct runner_sample_out *lp = want_lp ? &s->row_lp[row] : NULL;
         int32_t tok = s->row_ids[row++];
         int64_t id = q->id;
-        take_token(s, q, tok);
+        take_token(s, q, tok, lp);
         for (int32_t j = 0; j < s->n_reqs;) {
             struct req *c = s->reqs[j];
             if (c->id == id && c->index > 0 && c->n_gen == 0 && c->n_toks > c->n_fed) {
@@ -486,7 +527,7 @@ berth_status sched_step(struct scheduler *s, int *did_work)
                 c->n_toks--;
                 int32_t ct = c->toks[c->n_toks];
                 int32_t before = s->n_reqs;
-                take_token(s, c, ct);
+                take_token(s, c, ct, &c->fork_lp);
                 if (s->n_reqs < before) continue; /* c finished and was removed */
             }
             j++;

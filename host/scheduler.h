@@ -14,9 +14,17 @@
  * n > 1 samples: the request's prompt is prefilled once, then forked (kv_seq_fork: shared blocks, copy-on-write
  * of the last partial one) into n sequences sampled with seeds seed, seed + 1, ...
  *
- * Stops: the model's EOS ids (unless ignore_eos), stop ids, max_new tokens, cancellation. Sampling: every logits
- * row of a step in one backend sample call, counter = the position the token takes, so a seeded request gives
- * the same tokens whatever else shares its steps.
+ * Stops: the model's EOS ids (unless ignore_eos), stop ids, max_new tokens, cancellation, and on_token_ex asking
+ * for it (stop strings, decided by the caller who detokenizes). Sampling: every logits row of a step in one
+ * backend sample call, counter = the position the token takes, so a seeded request gives the same tokens
+ * whatever else shares its steps.
+ *
+ * Penalty history (which ids the backend's repetition/presence/frequency penalties count): with a repetition
+ * penalty (!= 1) the prompt and the generated tokens, for all three penalties (HF's RepetitionPenaltyLogitsProcessor
+ * counts every input id, prompt included; vLLM does the same for repetition); without one, the generated tokens
+ * only (vLLM's presence/frequency penalties, OpenAI semantics). The sample op takes one history per row, so a
+ * request setting both a repetition and a presence/frequency penalty has the latter count prompt ids too (vLLM
+ * would not). After preemption "generated" still means the request's own output, never the recomputed prompt.
  *
  * Single-threaded: the engine thread drives it. Callbacks run inside sched_step.
  */
@@ -41,6 +49,9 @@ struct sched_callbacks {
     void (*on_done)(void *arg, int64_t id, int32_t index, const char *finish, int32_t n_tokens,
                     int32_t cached_tokens, berth_status status, const char *message);
     void *arg;
+    /* When set, called instead of on_token: lp holds the token's logprobs when the request asked for them (else
+     * NULL); a non-zero return finishes the sample with "stop" right after this token. */
+    int (*on_token_ex)(void *arg, int64_t id, int32_t index, int32_t token, const struct runner_sample_out *lp);
 };
 
 struct sched_request {
@@ -48,7 +59,8 @@ struct sched_request {
     int32_t n_prompt;
     int32_t max_new;
     int32_t n;                 /* samples (1 when 0) */
-    struct runner_sampling sampling;
+    struct runner_sampling sampling; /* history is ignored (see "Penalty history"); n_top: top logprobs */
+    int32_t logprobs;          /* report each token's logprob (and sampling.n_top best) to on_token_ex */
     int32_t ignore_eos;
     const int32_t *stop_ids;   /* copied */
     int32_t n_stop_ids;
@@ -56,7 +68,8 @@ struct sched_request {
 
 struct sched_stats {
     int64_t steps;             /* forward calls */
-    int64_t prefill_tokens;    /* prompt (or recomputed) tokens computed */
+    int64_t prefill_tokens;    /* prompt tokens computed for the first time */
+    int64_t recomputed_tokens; /* tokens computed again after preemption (prompt or generated) */
     int64_t cached_tokens;     /* prompt tokens served from the prefix cache */
     int64_t decode_rows;       /* single-token decode rows */
     int64_t mixed_steps;       /* steps with both decode rows and prefill tokens */

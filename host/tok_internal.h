@@ -129,6 +129,8 @@ struct berth_tokenizer {
     tok_strmap added_norm;      /* normalized content -> index (normalized == true) */
     size_t *added_norm_lens;
     size_t n_added_norm_lens;
+    uint8_t added_first[32];      /* bitset of the first bytes of added_raw keys: split_added skips other bytes */
+    uint8_t added_norm_first[32]; /* the same for added_norm */
     tok_normalizer *normalizer;
     tok_pretok *pretok;
     tok_model *model;

@@ -159,9 +159,11 @@ static berth_status load_added(berth_tokenizer *t, const json_t *arr, const char
             if (!a->norm_len) continue; /* normalizes to nothing: can never match */
             if (!tok_strmap_put(&t->added_norm, a->norm, a->norm_len, (int32_t)(t->n_added - 1))) return OOM();
             if ((st = add_len(&t->added_norm_lens, &t->n_added_norm_lens, a->norm_len))) return st;
+            t->added_norm_first[(uint8_t)a->norm[0] >> 3] |= (uint8_t)(1u << ((uint8_t)a->norm[0] & 7));
         } else {
             if (!tok_strmap_put(&t->added_raw, a->content, a->len, (int32_t)(t->n_added - 1))) return OOM();
             if ((st = add_len(&t->added_lens, &t->n_added_lens, a->len))) return st;
+            t->added_first[(uint8_t)a->content[0] >> 3] |= (uint8_t)(1u << ((uint8_t)a->content[0] & 7));
         }
     }
     return BERTH_OK;
@@ -389,13 +391,16 @@ static int32_t cp_before(const char *s, size_t at)
 
 /* Splits s at added tokens (leftmost, longest first), honouring single_word, lstrip and rstrip. */
 static berth_status split_added(const berth_tokenizer *t, const tok_strmap *map, const size_t *lens, size_t nlens,
-                                bool norm, const char *s, size_t n, size_t base_off, pieces *out)
+                                const uint8_t first[32], bool norm, const char *s, size_t n, size_t base_off,
+                                pieces *out)
 {
     size_t seg = 0, i = 0;
     while (i < n && nlens) {
         int32_t hit = -1;
         size_t hl = 0;
-        for (size_t k = 0; k < nlens; k++) {
+        const uint8_t c0 = (uint8_t)s[i];
+        /* No added token starts with this byte: skip the per-length lookups (each hashes lens[k] bytes). */
+        for (size_t k = 0; k < nlens && (first[c0 >> 3] >> (c0 & 7) & 1); k++) {
             if (i + lens[k] > n) continue;
             int32_t a = tok_strmap_get(map, s + i, lens[k]);
             if (a >= 0) { hit = a, hl = lens[k]; break; }
@@ -444,7 +449,8 @@ static berth_status encode_text(berth_tokenizer *t, const char *s, size_t n, siz
     pieces sub = {0};
     if (!st) {
         if (t->n_added_norm_lens)
-            st = split_added(t, &t->added_norm, t->added_norm_lens, t->n_added_norm_lens, true, nb.p, nb.len, 0, &sub);
+            st = split_added(t, &t->added_norm, t->added_norm_lens, t->n_added_norm_lens, t->added_norm_first, true,
+                             nb.p, nb.len, 0, &sub);
         else if (nb.len && !pieces_push(&sub, (piece){nb.p, nb.len, -1, 0}))
             st = OOM();
     }
@@ -475,7 +481,8 @@ berth_status tok_encode(berth_tokenizer *t, const char *text, size_t len, int ad
         i += adv;
     }
     pieces top = {0};
-    berth_status st = split_added(t, &t->added_raw, t->added_lens, t->n_added_lens, false, text, len, 0, &top);
+    berth_status st = split_added(t, &t->added_raw, t->added_lens, t->n_added_lens, t->added_first, false, text, len,
+                                  0, &top);
     int32_t *ids = NULL;
     size_t n = 0, cap = 0;
     for (size_t i = 0; i < top.n && !st; i++) {

@@ -117,6 +117,42 @@ START_TEST(test_prompts_file)
 }
 END_TEST
 
+/* --logprobs N and the penalty flags of the one-prompt path: greedy, so each token is its own top-1. */
+START_TEST(test_generate_logprobs)
+{
+    char cmd[4096], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompt-ids %s --max-new-tokens 4 --ignore-eos "
+             "--json --logprobs 3 --repetition-penalty 1.3 --presence-penalty 0.5 --frequency-penalty 0.25 "
+             "--min-p 0.01", berth_bin, config_path, model_dir, P[0]);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    json_error_t je;
+    json_t *o = json_loads(out, 0, &je);
+    ck_assert_msg(o != NULL, "bad JSON: %s", out);
+    json_t *toks = json_object_get(o, "tokens"), *lps = json_object_get(o, "logprobs");
+    ck_assert_int_eq(json_array_size(toks), 4);
+    ck_assert_int_eq(json_array_size(lps), 4);
+    for (size_t i = 0; i < 4; i++) {
+        json_t *e = json_array_get(lps, i), *top = json_object_get(e, "top");
+        ck_assert_int_eq(json_integer_value(json_object_get(e, "token")), json_integer_value(json_array_get(toks, i)));
+        ck_assert_int_eq(json_array_size(top), 3);
+        json_t *t0 = json_array_get(top, 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(t0, "token")), json_integer_value(json_array_get(toks, i)));
+        double lp = json_real_value(json_object_get(e, "logprob"));
+        ck_assert(lp <= 0.0 && lp == json_real_value(json_object_get(t0, "logprob")));
+        ck_assert(json_real_value(json_object_get(json_array_get(top, 2), "logprob")) <= lp);
+    }
+    json_decref(o);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompt-ids %s --logprobs 21", berth_bin,
+             config_path, model_dir, P[0]);
+    ck_assert_int_ne(run(cmd, &out, &err), 0);
+    ck_assert_msg(strstr(err, "--logprobs '21' is not a count in 0..20") != NULL, "%s", err);
+    free(out);
+    free(err);
+}
+END_TEST
+
 START_TEST(test_bench_json)
 {
     char cmd[4096], *out, *err;
@@ -168,6 +204,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_prompts_file);
     tcase_add_test(tc, test_bench_json);
+    tcase_add_test(tc, test_generate_logprobs);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);

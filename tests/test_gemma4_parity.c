@@ -58,7 +58,7 @@ START_TEST(test_fixture_parity)
         int64_t plugin_dec0 = g4_model_counter(s.r, "decode_steps");
 
         /* Prompt logits and the greedy continuation, through runner_generate (what `berth generate` runs). */
-        struct runner_gen_params gen = {G, {0.0f, 0, 1.0f, 0}, 1};
+        struct runner_gen_params gen = {.max_new = G, .sampling = {.temperature = 0.0f, .top_p = 1.0f}, .ignore_eos = 1};
         struct runner_generation out;
         ck_assert_msg(runner_generate(s.r, gp->ids, n, &gen, got, NULL, NULL, &out) == BERTH_OK, "%s prompt %d: %s",
                       f.variant, (int)p, berth_last_error());

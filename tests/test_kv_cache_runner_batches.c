@@ -440,7 +440,7 @@ START_TEST(test_generate_and_errors)
 {
     struct runner *r = make_runner(8, 1, 1u << 20);
     int32_t prompt[5] = {3, 9, 9, 4, 9};
-    struct runner_gen_params greedy = {6, {0.0f, 0, 1.0f, 0}, 0};
+    struct runner_gen_params greedy = {.max_new = 6, .sampling = {.temperature = 0.0f, .top_p = 1.0f}};
     struct runner_generation g;
     float plog[5 * VOCAB];
     n_seen = 0;
@@ -494,7 +494,7 @@ START_TEST(test_generate_and_errors)
     ck_assert_int_eq(g.n_tokens, 59);
     free(g.tokens);
     /* Sampling needs the backend's sample op; this mock has none. */
-    struct runner_gen_params hot = {2, {0.8f, 0, 1.0f, 1}, 0};
+    struct runner_gen_params hot = {.max_new = 2, .sampling = {.temperature = 0.8f, .top_p = 1.0f, .seed = 1}};
     ck_assert_int_eq(runner_generate(r, prompt, 5, &hot, NULL, NULL, NULL, &g), BERTH_E_UNSUPPORTED);
     ck_assert_str_eq(berth_last_error(), "backend 'mock' has no sample op: only --temperature 0 works");
     ck_assert_int_eq(kv_blocks_in_use(runner_kv(r), 1), 0);

@@ -142,7 +142,7 @@ START_TEST(test_batching)
     /* 1. Concurrent, default KV budget, two waves. */
     open_batch(f.dir, 4, 0, &many);
     struct outcome *o = calloc(1, sizeof *o);
-    struct sched_callbacks cb = {on_token, on_done, o};
+    struct sched_callbacks cb = {.on_token = on_token, .on_done = on_done, .arg = o};
     struct scheduler *sc;
     ck_assert_int_eq(sched_create(many.r, &cb, &sc), BERTH_OK);
     for (int32_t i = 0; i < nr; i++) {
@@ -159,6 +159,12 @@ START_TEST(test_batching)
     ck_assert_int_gt(st->mixed_steps, 0);
     ck_assert_int_eq(st->finished, nr);
     ck_assert_int_eq(st->decode_rows, (int64_t)nr * (GEN - 1));
+    int64_t prompt_sum = 0;
+    for (int32_t i = 0; i < nr; i++) prompt_sum += req_prompt(&f, i)->n;
+    if (st->preemptions == 0) {
+        ck_assert_int_eq(st->recomputed_tokens, 0);
+        ck_assert_int_eq(st->prefill_tokens + st->cached_tokens, prompt_sum);
+    }
     struct kv_cache *kv = runner_kv(many.r);
     for (int32_t g = 0; g < kv_n_groups(kv); g++) ck_assert_int_eq(kv_blocks_in_use(kv, g), 0);
     ck_assert_msg(kv_cache_validate(kv) == BERTH_OK, "%s", berth_last_error());
@@ -214,6 +220,10 @@ START_TEST(test_batching)
     run_all(sc);
     check_against_alone(&f, o, ref, nr);
     ck_assert_msg(sched_stats(sc)->preemptions > 0, "%s: no preemption with %d blocks", f.variant, (int)blocks);
+    /* Recompute is counted apart: prefill_tokens holds each prompt token at most once, plus the one generated token
+     * a re-admitted request feeds for the first time. */
+    ck_assert_int_gt(sched_stats(sc)->recomputed_tokens, 0);
+    ck_assert_int_le(sched_stats(sc)->prefill_tokens, prompt_sum + sched_stats(sc)->preemptions);
     ck_assert_msg(kv_cache_validate(runner_kv(many.r)) == BERTH_OK, "%s", berth_last_error());
     /* A request that alone cannot fit fails at once, naming the group. */
     struct g4_prompt big = *p0;
