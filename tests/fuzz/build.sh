@@ -20,11 +20,16 @@ echo "built $out/fuzz_tokenizer_load $out/fuzz_tokenizer_encode"
 if [ "${2:-}" = run ]; then
   secs=${3:-60} logs=${4:-$out}
   mkdir -p "$logs" "$out/corpus_load" "$out/corpus_encode"
+  logs=$(cd "$logs" && pwd) # absolute: the fuzzers run from $out
   export BERTH_SOURCE_ROOT=$root UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   cd "$out"
+  # Run both targets even when the first finds something; fail afterwards if either did (pipefail carries a
+  # fuzzer's exit status through tail, which keeps the end of each log: the report and the run totals).
+  rc=0
   ./fuzz_tokenizer_load -max_total_time="$secs" -max_len=65536 -timeout=20 -rss_limit_mb=4096 \
-    corpus_load "$root/tests/fuzz/seeds_load" 2>&1 | tail -n 40 > "$logs/fuzz_tokenizer_load.log"
+    corpus_load "$root/tests/fuzz/seeds_load" 2>&1 | tail -n 60 > "$logs/fuzz_tokenizer_load.log" || rc=1
   ./fuzz_tokenizer_encode -max_total_time="$secs" -max_len=4096 -timeout=20 -rss_limit_mb=4096 \
-    corpus_encode 2>&1 | tail -n 40 > "$logs/fuzz_tokenizer_encode.log"
+    corpus_encode 2>&1 | tail -n 60 > "$logs/fuzz_tokenizer_encode.log" || rc=1
   echo "ran $secs s each; logs in $logs"
+  exit $rc
 fi
