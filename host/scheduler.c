@@ -4,6 +4,7 @@
 
 #include "errors.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,6 +257,39 @@ static void compute_need(struct scheduler *s, const struct req *q, int32_t n)
     for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need[g] = kv_seq_blocks_needed(s->kv, q->seq, g, q->n_fed + n);
 }
 
+/* Blocks of sequence seq in group g now (table entries holding a block). */
+static int32_t seq_blocks_held(const struct kv_cache *kv, int32_t seq, int32_t g)
+{
+    int32_t bs = kv_block_size(kv), n = 0, len = kv_seq_len(kv, seq);
+    for (int32_t pos = 0; pos < len; pos += bs)
+        if (kv_seq_block(kv, seq, g, pos) >= 0) n++;
+    return n;
+}
+
+/* Admission charge (scheduler.h, "Admission"): into s->need, per group, the blocks q can touch from now to its
+ * end, at least what its first chunk of n tokens takes. Full groups: every position up to prompt + max_new,
+ * plus, for n > 1, each later sample's own generated blocks and a copy-on-write block. Sliding groups: the same,
+ * but never more than the window bound kv_group_seq_cap (ceil((window - 1 + chunk) / block_size) + 1, what a
+ * sequence can hold at once) per sample, less what the sequence already holds from the prefix cache. */
+static void compute_admission_charge(struct scheduler *s, const struct req *q, int32_t n)
+{
+    int32_t bs = kv_block_size(s->kv);
+    int32_t left_new = q->max_new - q->n_gen;
+    int64_t end = (int64_t)q->n_toks + left_new;
+    int32_t end_len = end > INT32_MAX ? INT32_MAX : (int32_t)end;
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) {
+        int32_t first = kv_seq_blocks_needed(s->kv, q->seq, g, q->n_fed + n);
+        int64_t charge = kv_seq_blocks_needed(s->kv, q->seq, g, end_len);
+        if (q->n_samples > 1) charge += (int64_t)(q->n_samples - 1) * (ceil_div(left_new, bs) + 1);
+        if (kv_group_is_sliding(s->kv, g)) {
+            int64_t bound = (int64_t)q->n_samples * kv_group_seq_cap(s->kv, g) - seq_blocks_held(s->kv, q->seq, g);
+            if (charge > bound) charge = bound;
+        }
+        if (charge < first) charge = first;
+        s->need[g] = charge > INT32_MAX ? INT32_MAX : (int32_t)charge;
+    }
+}
+
 static void preempt(struct scheduler *s, struct req *v, int32_t *n_plan, int32_t *budget)
 {
     for (int32_t i = 0; i < *n_plan; i++) {
@@ -334,7 +368,7 @@ static int32_t build_plan(struct scheduler *s)
         q->n_fed = cached;
         int32_t n = q->n_toks - cached;
         if (n > budget) n = budget;
-        compute_need(s, q, n);
+        compute_admission_charge(s, q, n);
         if (!fits(s)) {
             runner_seq_free(s->r, seq);
             q->seq = -1;

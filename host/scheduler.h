@@ -4,12 +4,19 @@
  * chunked prefill) and at most max_seqs sequences.
  *
  * Per step: running requests in arrival order each get their next tokens (1 for a decode row; a prefill chunk
- * up to the budget left), then waiting requests are admitted while a sequence slot, budget and KV blocks for
- * their first chunk remain (a prompt first takes what the prefix cache holds). When the KV cache cannot hold a
+ * up to the budget left), then waiting requests are admitted while a sequence slot, budget and the KV blocks they
+ * can touch remain (a prompt first takes what the prefix cache holds; see "Admission"). When the KV cache cannot hold a
  * running request's next tokens, the latest-arrived other running request is preempted by recompute: its KV is
  * dropped and it goes back to the queue keeping the tokens it generated, to be prefilled again (mostly from the
  * prefix cache) and continue with the same output. A request that alone cannot fit the KV cache (prompt plus
  * max_new tokens) fails when it is added.
+ *
+ * Admission: a waiting request is charged, per group, the blocks it can touch from now to its end, beside this
+ * step's needs of the requests planned before it. Full groups: every position up to prompt + max_new (the whole
+ * sequence, so a request admitted alone never needs preemption; others' growth is still unreserved, preemption
+ * handles that), plus for n > 1 each later sample's generated blocks and a copy-on-write block. Sliding groups:
+ * the same, capped at kv_group_seq_cap per sample (ceil((window - 1 + max_batch_tokens) / block_size) + 1, the
+ * most a sequence holds at once), less the blocks the prefix cache gave it; never less than its first chunk's.
  *
  * n > 1 samples: the request's prompt is prefilled once, then forked (kv_seq_fork: shared blocks, copy-on-write
  * of the last partial one) into n sequences sampled with seeds seed, seed + 1, ...

@@ -15,12 +15,14 @@
 #define BLOCK 4
 #define GEN 6
 #define MAXR 16
+#define LONG_GEN 48 /* part 4's two long requests (ids MAXR - 1, MAXR - 2) */
+#define LONG_ID (MAXR - 1)
 
 static char **fixture_dirs;
 static int n_fixtures;
 
 struct outcome {
-    int32_t toks[MAXR][4][GEN + 1];
+    int32_t toks[MAXR][4][LONG_GEN + 1];
     int32_t n[MAXR][4];
     int done[MAXR][4];
     const char *finish[MAXR][4];
@@ -30,7 +32,7 @@ static void on_token(void *arg, int64_t id, int32_t index, int32_t token)
 {
     struct outcome *o = arg;
     ck_assert(id >= 0 && id < MAXR && index >= 0 && index < 4);
-    ck_assert_int_lt(o->n[id][index], GEN + 1);
+    ck_assert_int_lt(o->n[id][index], LONG_GEN + 1);
     o->toks[id][index][o->n[id][index]++] = token;
 }
 
@@ -70,20 +72,26 @@ static void open_batch(const char *dir, int32_t max_seqs, uint64_t kv_memory, st
     ck_assert_msg(runner_create(&rc, &s->r) == BERTH_OK, "%s: %s", dir, berth_last_error());
 }
 
-static void alone(struct runner *r, const int32_t *ids, int32_t n, float temperature, uint64_t seed, int32_t *out)
+static void alone_n(struct runner *r, const int32_t *ids, int32_t n, float temperature, uint64_t seed,
+                    int32_t max_new, int32_t *out)
 {
     struct runner_gen_params gp;
     memset(&gp, 0, sizeof gp);
-    gp.max_new = GEN;
+    gp.max_new = max_new;
     gp.ignore_eos = 1;
     gp.sampling.temperature = temperature;
     gp.sampling.top_p = 1.0f;
     gp.sampling.seed = seed;
     struct runner_generation g;
     ck_assert_msg(runner_generate(r, ids, n, &gp, NULL, NULL, NULL, &g) == BERTH_OK, "%s", berth_last_error());
-    ck_assert_int_eq(g.n_tokens, GEN);
-    memcpy(out, g.tokens, GEN * sizeof *out);
+    ck_assert_int_eq(g.n_tokens, max_new);
+    memcpy(out, g.tokens, (size_t)max_new * sizeof *out);
     free(g.tokens);
+}
+
+static void alone(struct runner *r, const int32_t *ids, int32_t n, float temperature, uint64_t seed, int32_t *out)
+{
+    alone_n(r, ids, n, temperature, seed, GEN, out);
 }
 
 static struct sched_request request(const struct g4_prompt *gp, float temperature, uint64_t seed, int32_t n)
@@ -209,21 +217,53 @@ START_TEST(test_batching)
     int32_t longest = 0;
     for (int32_t i = 0; i < nr; i++)
         if (req_prompt(&f, i)->n > longest) longest = req_prompt(&f, i)->n;
-    int32_t blocks = (longest + GEN + BLOCK - 1) / BLOCK + 2;
+    int32_t shortest = longest;
+    for (int32_t i = 0; i < nr; i++)
+        if (req_prompt(&f, i)->n < shortest) shortest = req_prompt(&f, i)->n;
+    /* Room for any one request and 3 blocks more, far from two long ones. */
+    int32_t w_long = (shortest + LONG_GEN + BLOCK - 1) / BLOCK;
+    ck_assert_int_ge(w_long, (longest + GEN + BLOCK - 1) / BLOCK);
+    int32_t blocks = w_long + 3;
     open_batch(f.dir, 4, (uint64_t)blocks * block_bytes, &many);
     memset(o, 0, sizeof *o);
     ck_assert_int_eq(sched_create(many.r, &cb, &sc), BERTH_OK);
-    for (int32_t i = 0; i < nr; i++) {
+    /* First two long generations from the shortest prompt, then the rest shortest first. Admission charges a
+     * request every block it can touch, but a running request's growth is not reserved (scheduler.h, "Admission"):
+     * the second long one is admitted while the first holds only its first blocks, and their growth then needs
+     * more than the cache holds, so one is preempted. */
+    int32_t order[MAXR];
+    for (int32_t i = 0; i < nr; i++) order[i] = i;
+    for (int32_t i = 1; i < nr; i++)
+        for (int32_t j = i; j > 0 && req_prompt(&f, order[j])->n < req_prompt(&f, order[j - 1])->n; j--) {
+            int32_t t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    const struct g4_prompt *ps = req_prompt(&f, order[0]);
+    int32_t long_ref[LONG_GEN];
+    alone_n(one.r, ps->ids, ps->n, 0.0f, 0, LONG_GEN, long_ref);
+    rq = request(ps, 0.0f, 0, 1);
+    rq.max_new = LONG_GEN;
+    ck_assert_msg(sched_add(sc, LONG_ID, &rq) == BERTH_OK, "%s", berth_last_error());
+    ck_assert_msg(sched_add(sc, LONG_ID - 1, &rq) == BERTH_OK, "%s", berth_last_error());
+    for (int32_t k = 0; k < nr; k++) {
+        int32_t i = order[k];
         rq = request(req_prompt(&f, i), req_temp(&f, i), 17 + (uint64_t)i, 1);
         ck_assert_msg(sched_add(sc, i, &rq) == BERTH_OK, "%s", berth_last_error());
     }
     run_all(sc);
     check_against_alone(&f, o, ref, nr);
+    for (int32_t id = LONG_ID - 1; id <= LONG_ID; id++) {
+        ck_assert_int_eq(o->n[id][0], LONG_GEN);
+        for (int32_t k = 0; k < LONG_GEN; k++)
+            ck_assert_msg(o->toks[id][0][k] == long_ref[k], "%s: long request %d token %d: %d batched, %d alone",
+                          f.variant, (int)id, (int)k, (int)o->toks[id][0][k], (int)long_ref[k]);
+    }
     ck_assert_msg(sched_stats(sc)->preemptions > 0, "%s: no preemption with %d blocks", f.variant, (int)blocks);
     /* Recompute is counted apart: prefill_tokens holds each prompt token at most once, plus the one generated token
      * a re-admitted request feeds for the first time. */
     ck_assert_int_gt(sched_stats(sc)->recomputed_tokens, 0);
-    ck_assert_int_le(sched_stats(sc)->prefill_tokens, prompt_sum + sched_stats(sc)->preemptions);
+    ck_assert_int_le(sched_stats(sc)->prefill_tokens, prompt_sum + 2 * ps->n + sched_stats(sc)->preemptions);
     ck_assert_msg(kv_cache_validate(runner_kv(many.r)) == BERTH_OK, "%s", berth_last_error());
     /* A request that alone cannot fit fails at once, naming the group. */
     struct g4_prompt big = *p0;
