@@ -529,7 +529,9 @@ void kv_seq_free(struct kv_cache *kv, int32_t seq)
     for (int32_t g = 0; g < kv->n_groups; g++) {
         struct kv_group *gr = &kv->groups[g];
         int32_t *t = seq_table(kv, seq, g);
-        for (int32_t i = 0; i < kv->max_blocks; i++) {
+        /* Last block first: a cached chain then leaves the LRU list tail first, so its head (the part other
+         * requests share, and without which the rest of the chain cannot hit) is evicted last. */
+        for (int32_t i = kv->max_blocks - 1; i >= 0; i--) {
             if (t[i] >= 0) unref_block(gr, t[i]);
             t[i] = -1;
         }
