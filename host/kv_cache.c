@@ -920,6 +920,13 @@ berth_status kv_prefix_attach(struct kv_cache *kv, int32_t seq, const int32_t *i
     return st;
 }
 
+void kv_prefix_attach_undo_counters(struct kv_cache *kv, int32_t cached)
+{
+    if (cached <= 0) return;
+    kv->counters.hit_tokens -= cached;
+    if (kv->n_states > 0) kv->counters.snapshots_restored--; /* an attach restores one snapshot */
+}
+
 int32_t kv_batch_table_width(const struct kv_cache *kv, const struct kv_seq_span *spans, int32_t n_seqs)
 {
     int32_t w = 1;

@@ -133,6 +133,9 @@ int32_t kv_prefix_match(const struct kv_cache *kv, const int32_t *ids, int32_t n
 /* Give the empty sequence seq the longest cached prefix of ids (*cached tokens, as kv_prefix_match): its length
  * becomes *cached and the caller computes ids[*cached..n). Restores the state snapshot on recurrent models. */
 berth_status kv_prefix_attach(struct kv_cache *kv, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached);
+/* Take back the counter effects of a kv_prefix_attach that served `cached` tokens to a sequence the caller is
+ * about to free without running it (an admission that did not fit), so the counters report only real reuse. */
+void kv_prefix_attach_undo_counters(struct kv_cache *kv, int32_t cached);
 
 /* Recurrent states (see above). */
 int32_t kv_n_states(const struct kv_cache *kv);

@@ -332,6 +332,13 @@ berth_status runner_seq_new(struct runner *r, int32_t *seq)
 
 berth_status runner_seq_fork(struct runner *r, int32_t src, int32_t *dst) { return kv_seq_fork(r->kv, src, dst); }
 
+void runner_seq_abandon(struct runner *r, int32_t seq, int32_t cached)
+{
+    kv_prefix_attach_undo_counters(r->kv, cached);
+    if (cached > 0) r->stats.cached_tokens -= cached;
+    runner_seq_free(r, seq);
+}
+
 berth_status runner_seq_attach_prefix(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached)
 {
     berth_status st = kv_prefix_attach(r->kv, seq, ids, n, cached);

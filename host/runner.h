@@ -60,6 +60,9 @@ int32_t runner_seq_len(const struct runner *r, int32_t seq);
 berth_status runner_seq_fork(struct runner *r, int32_t src, int32_t *dst);
 /* Give the empty seq the longest cached prefix of ids[0..n) (kv_prefix_attach); *cached tokens need no compute. */
 berth_status runner_seq_attach_prefix(struct runner *r, int32_t seq, const int32_t *ids, int32_t n, int32_t *cached);
+/* Free a sequence whose attach served `cached` tokens but which never ran (admission rolled back), taking those
+ * tokens back out of the counters. */
+void runner_seq_abandon(struct runner *r, int32_t seq, int32_t cached);
 
 /* One sequence's part of a step. */
 #define RUNNER_LOGITS_NONE 0

@@ -370,7 +370,7 @@ static int32_t build_plan(struct scheduler *s)
         if (n > budget) n = budget;
         compute_admission_charge(s, q, n);
         if (!fits(s)) {
-            runner_seq_free(s->r, seq);
+            runner_seq_abandon(s->r, seq, cached); /* retried later: count its prefix hit only when it runs */
             q->seq = -1;
             q->n_fed = 0;
             break;
