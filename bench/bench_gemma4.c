@@ -322,7 +322,7 @@ struct run_result {
     double decode_s;
 };
 
-static const struct runner_sampling greedy = {0.0f, 0, 1.0f, 0};
+static const struct runner_sampling greedy = {.temperature = 0.0f, .top_p = 1.0f};
 
 /* One prefill of the prompt and n_decode decode steps on a fresh sequence, timed separately. */
 static berth_status run_once(struct runner *r, const int32_t *prompt, int32_t n_prompt, int32_t n_decode,
