@@ -20,6 +20,7 @@
 #include "commands.h"
 #include "errors.h"
 #include "host_services.h"
+#include "prompt_text.h"
 
 static const char batch_usage[] =
     "usage: berth generate --config FILE [--model DIR] --prompts-file FILE [OPTIONS]\n"
@@ -86,8 +87,28 @@ bad:
     return -1;
 }
 
-static berth_status read_prompts(const char *path, struct batch *b)
+/* A line that is not an id list is text: encode it with the checkpoint's tokenizer (BOS added, as
+ * transformers' tokenizer(text) does), loaded on first use. */
+static berth_status encode_text_line(const char *path, int lineno, const char *model_dir, berth_tokenizer **tok,
+                                     const char *text, int32_t **ids, int32_t *n)
 {
+    if (!*tok) {
+        if (!model_dir)
+            return berth_fail(BERTH_E_INVALID, "--prompts-file %s:%d: a text prompt needs --model DIR (for its "
+                              "tokenizer.json)", path, lineno);
+        if (prompt_tokenizer_open(model_dir, 1, tok) != BERTH_OK)
+            return berth_fail(BERTH_E_INVALID, "--prompts-file %s:%d: not a comma-separated list of token ids, and "
+                              "text needs the tokenizer: %s", path, lineno, berth_last_error());
+    }
+    if (prompt_encode(*tok, text, 1, ids, n) != BERTH_OK)
+        return berth_fail(BERTH_E_INVALID, "--prompts-file %s:%d: %s", path, lineno, berth_last_error());
+    return BERTH_OK;
+}
+
+/* One prompt a line: comma-separated ids, or text (encoded with the checkpoint's tokenizer). */
+static berth_status read_prompts(const char *path, const char *model_dir, struct batch *b)
+{
+    berth_tokenizer *tok = NULL;
     FILE *f = fopen(path, "r");
     if (!f) return berth_fail(BERTH_E_IO, "--prompts-file %s: %s", path, strerror(errno));
     char *line = NULL;
@@ -108,15 +129,14 @@ static berth_status read_prompts(const char *path, struct batch *b)
         }
         b->p = np;
         memset(&b->p[b->n], 0, sizeof b->p[b->n]);
-        if (parse_line(s, &b->p[b->n].ids, &b->p[b->n].n)) {
-            st = berth_fail(BERTH_E_INVALID, "--prompts-file %s:%d: not a comma-separated list of token ids", path,
-                            lineno);
+        if (parse_line(s, &b->p[b->n].ids, &b->p[b->n].n) &&
+            (st = encode_text_line(path, lineno, model_dir, &tok, s, &b->p[b->n].ids, &b->p[b->n].n)) != BERTH_OK)
             break;
-        }
         b->n++;
     }
     free(line);
     fclose(f);
+    tok_free(tok);
     if (!st && b->n == 0) st = berth_fail(BERTH_E_INVALID, "--prompts-file %s holds no prompt", path);
     return st;
 }
@@ -268,7 +288,7 @@ int cmd_generate_batch(int argc, char **argv)
     pthread_cond_init(&b.cv, NULL);
     berth_engine *e = NULL;
     int rc = 1;
-    if (read_prompts(file, &b) != BERTH_OK) goto out;
+    if (read_prompts(file, model, &b) != BERTH_OK) goto out;
     berth_engine_config c;
     memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;

@@ -153,6 +153,57 @@ START_TEST(test_generate_logprobs)
 }
 END_TEST
 
+/* A --prompts-file line that is not an id list is text, encoded with the checkpoint's tokenizer.json exactly as
+ * --prompt encodes it; a checkpoint without a tokenizer makes such a line a clear error. */
+START_TEST(test_prompts_file_text)
+{
+    const char *src = getenv("BERTH_SOURCE_ROOT");
+    char tiny[1100], file[] = "/tmp/berth-prompts-text-XXXXXX", cmd[4096], *out, *err, *out1, *err1;
+    snprintf(tiny, sizeof tiny, "%s/tests/fixtures/tiny-gemma4", src ? src : ".");
+    int fd = mkstemp(file);
+    ck_assert_int_ge(fd, 0);
+    const char body[] = "The quick brown fox\n2,17,99\n";
+    ck_assert_int_eq(write(fd, body, sizeof body - 1), (ssize_t)(sizeof body - 1));
+    close(fd);
+
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s --max-new-tokens 5 --ignore-eos "
+             "--json", berth_bin, config_path, tiny, file);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompt 'The quick brown fox' --max-new-tokens 5 "
+             "--ignore-eos --json", berth_bin, config_path, tiny);
+    ck_assert_msg(run(cmd, &out1, &err1) == 0, "%s", err1);
+    json_error_t je;
+    char *nl = strchr(out, '\n');
+    ck_assert_ptr_nonnull(nl);
+    *nl = 0;
+    json_t *a = json_loads(out, 0, &je), *b = json_loads(nl + 1, 0, &je), *one = json_loads(out1, 0, &je);
+    ck_assert(a && b && one);
+    ck_assert_int_eq(json_integer_value(json_object_get(a, "prompt_tokens")),
+                     json_integer_value(json_object_get(one, "prompt_tokens")));
+    ck_assert(json_equal(json_object_get(a, "tokens"), json_object_get(one, "tokens")));
+    ck_assert_int_eq(json_integer_value(json_object_get(b, "prompt_tokens")), 3);
+    json_decref(a);
+    json_decref(b);
+    json_decref(one);
+    free(out);
+    free(err);
+    free(out1);
+    free(err1);
+
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s --max-new-tokens 2", berth_bin,
+             config_path, model_dir, file);
+    ck_assert_int_eq(run(cmd, &out, &err), 1);
+    char want[2048];
+    snprintf(want, sizeof want, "berth: error: --prompts-file %s:1: not a comma-separated list of token ids, and text "
+             "needs the tokenizer: %s/tokenizer.json: not found; text prompts need the checkpoint's tokenizer\n",
+             file, model_dir);
+    ck_assert_str_eq(err, want);
+    free(out);
+    free(err);
+    unlink(file);
+}
+END_TEST
+
 START_TEST(test_bench_json)
 {
     char cmd[4096], *out, *err;
@@ -203,6 +254,7 @@ int main(int argc, char **argv)
     TCase *tc = tcase_create("cli");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_prompts_file);
+    tcase_add_test(tc, test_prompts_file_text);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_generate_logprobs);
     suite_add_tcase(su, tc);
