@@ -24,9 +24,11 @@
 
 static const char batch_usage[] =
     "usage: berth generate --config FILE [--model DIR] --prompts-file FILE [OPTIONS]\n"
-    "  --prompts-file FILE    one prompt a line, token ids comma separated; all run concurrently\n"
+    "  --prompts-file FILE    one prompt a line (token ids comma separated, or text encoded with the checkpoint's\n"
+    "                         tokenizer.json); all run concurrently\n"
     "  --max-new-tokens N     tokens to generate at most per prompt (default 32)\n"
-    "  --temperature T, --top-k K, --top-p P, --seed S, --ignore-eos   as for one prompt\n"
+    "  --temperature T, --top-k K, --top-p P, --min-p P, --repetition-penalty R, --presence-penalty P,\n"
+    "  --frequency-penalty F, --seed S, --ignore-eos   as for one prompt\n"
     "  --json                 one JSON object per prompt, in input order, with cached_tokens\n"
     "  --stats                print the engine's counters ({\"stats\": {...}}) on stderr\n";
 
@@ -232,7 +234,9 @@ int cmd_generate_batch(int argc, char **argv)
         name[nl] = 0;
         int takes = !strcmp(name, "--config") || !strcmp(name, "--model") || !strcmp(name, "--prompts-file") ||
                     !strcmp(name, "--max-new-tokens") || !strcmp(name, "--temperature") ||
-                    !strcmp(name, "--top-k") || !strcmp(name, "--top-p") || !strcmp(name, "--seed");
+                    !strcmp(name, "--top-k") || !strcmp(name, "--top-p") || !strcmp(name, "--seed") ||
+                    !strcmp(name, "--min-p") || !strcmp(name, "--repetition-penalty") ||
+                    !strcmp(name, "--presence-penalty") || !strcmp(name, "--frequency-penalty");
         if (takes) {
             if (eq)
                 v = eq + 1;
@@ -260,6 +264,18 @@ int cmd_generate_batch(int argc, char **argv)
         } else if (!strcmp(name, "--top-p")) {
             if (parse_num(v, 1e-9, 1, &x)) return bad_usage("--top-p '%s' is not in (0, 1]", v);
             rq.top_p = (float)x;
+        } else if (!strcmp(name, "--min-p")) {
+            if (parse_num(v, 0, 1, &x)) return bad_usage("--min-p '%s' is not a number in [0, 1]", v);
+            rq.min_p = (float)x;
+        } else if (!strcmp(name, "--repetition-penalty")) {
+            if (parse_num(v, 1e-30, 1e30, &x)) return bad_usage("--repetition-penalty '%s' is not a number > 0", v);
+            rq.repetition_penalty = (float)x;
+        } else if (!strcmp(name, "--presence-penalty")) {
+            if (parse_num(v, -1e30, 1e30, &x)) return bad_usage("--presence-penalty '%s' is not a number", v);
+            rq.presence_penalty = (float)x;
+        } else if (!strcmp(name, "--frequency-penalty")) {
+            if (parse_num(v, -1e30, 1e30, &x)) return bad_usage("--frequency-penalty '%s' is not a number", v);
+            rq.frequency_penalty = (float)x;
         } else if (!strcmp(name, "--seed")) {
             if (parse_num(v, 0, 18446744073709551615.0, &x) || x != floor(x))
                 return bad_usage("--seed '%s' is not a non-negative integer", v);

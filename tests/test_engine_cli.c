@@ -204,6 +204,46 @@ START_TEST(test_prompts_file_text)
 }
 END_TEST
 
+/* The sampling flags reach the engine on the --prompts-file path exactly as on the single-prompt path: seeded
+ * sampling with min-p and penalties gives the same tokens both ways, and min-p changes the outcome. */
+START_TEST(test_prompts_file_sampling_flags)
+{
+    const char *src = getenv("BERTH_SOURCE_ROOT");
+    char tiny[1100], file[] = "/tmp/berth-prompts-flags-XXXXXX", cmd[4096], *o[3], *e[3];
+    snprintf(tiny, sizeof tiny, "%s/tests/fixtures/tiny-gemma4", src ? src : ".");
+    int fd = mkstemp(file);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "2,17,99\n", 8), 8);
+    close(fd);
+    const char *flags = "--max-new-tokens 12 --ignore-eos --json --temperature 1 --seed 7";
+    const char *pen = "--min-p 0.9 --repetition-penalty 1.3 --presence-penalty 0.5 --frequency-penalty 0.25";
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s %s %s", berth_bin, config_path,
+             tiny, file, flags, pen);
+    ck_assert_msg(run(cmd, &o[0], &e[0]) == 0, "%s", e[0]);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompt-ids 2,17,99 %s %s", berth_bin,
+             config_path, tiny, flags, pen);
+    ck_assert_msg(run(cmd, &o[1], &e[1]) == 0, "%s", e[1]);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s %s", berth_bin, config_path, tiny,
+             file, flags);
+    ck_assert_msg(run(cmd, &o[2], &e[2]) == 0, "%s", e[2]);
+    json_error_t je;
+    json_t *j[3];
+    for (int i = 0; i < 3; i++) {
+        j[i] = json_loads(o[i], 0, &je);
+        ck_assert_msg(j[i] != NULL, "bad JSON: %s", o[i]);
+    }
+    ck_assert_int_eq(json_array_size(json_object_get(j[0], "tokens")), 12);
+    ck_assert(json_equal(json_object_get(j[0], "tokens"), json_object_get(j[1], "tokens")));
+    ck_assert(!json_equal(json_object_get(j[0], "tokens"), json_object_get(j[2], "tokens")));
+    for (int i = 0; i < 3; i++) {
+        json_decref(j[i]);
+        free(o[i]);
+        free(e[i]);
+    }
+    unlink(file);
+}
+END_TEST
+
 START_TEST(test_bench_json)
 {
     char cmd[4096], *out, *err;
@@ -255,6 +295,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_prompts_file);
     tcase_add_test(tc, test_prompts_file_text);
+    tcase_add_test(tc, test_prompts_file_sampling_flags);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_generate_logprobs);
     suite_add_tcase(su, tc);
