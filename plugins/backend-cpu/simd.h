@@ -18,52 +18,6 @@
 #define CPU_MULTIVERSION __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define CPU_MULTIVERSION
-typedef int32_t cpu_vi __attribute__((vector_size(CPU_VL * 4)));
-
-/* Lanes of a where the comparison mask m is set (all ones), else b. */
-CPU_INLINE cpu_vf cpu_vsel(cpu_vi m, cpu_vf a, cpu_vf b)
-{
-    return (cpu_vf)(((cpu_vi)a & m) | ((cpu_vi)b & ~m));
-}
-
-/* e^x per lane, within ~2 ulp of expf for x in [-87, 88] (clamped there: e^-87 ~ 1.6e-38 stands in for 0 and
- * e^88 ~ 1.7e38 for overflow, so callers' 1/(1 + e^x) forms stay finite). x = n ln2 + r with |r| <= ln2/2,
- * e^r by its degree-7 Taylor polynomial (truncation < 1e-8 relative), times 2^n built in the exponent bits. */
-CPU_INLINE cpu_vf cpu_vexp(cpu_vf x)
-{
-    x = cpu_vsel(x > 88.0f, (cpu_vf){0} + 88.0f, x);
-    x = cpu_vsel(x < -87.0f, (cpu_vf){0} - 87.0f, x);
-    const cpu_vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
-    const cpu_vf r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f; /* ln2 split hi + lo */
-    cpu_vf e = 1.0f / 5040 + r * (1.0f / 40320);
-    e = 1.0f / 720 + r * e;
-    e = 1.0f / 120 + r * e;
-    e = 1.0f / 24 + r * e;
-    e = 1.0f / 6 + r * e;
-    e = 0.5f + r * e;
-    e = 1.0f + r * e;
-    e = 1.0f + r * e;
-    const cpu_vi bits = (__builtin_convertvector(n, cpu_vi) + 127) << 23;
-    return e * (cpu_vf)bits;
-}
-
-/* tanh per lane within a few ulp: the odd Taylor series for |x| < 0.25 (where 1 - 2/(e^2x + 1) would lose
- * digits), else sign(x) (1 - 2/(e^2|x| + 1)). */
-CPU_INLINE cpu_vf cpu_vtanh(cpu_vf x)
-{
-    const cpu_vi sign = (cpu_vi)x & (int32_t)0x80000000u;
-    const cpu_vf a = (cpu_vf)((cpu_vi)x & 0x7fffffff);
-    const cpu_vf big = 1.0f - 2.0f / (cpu_vexp(2.0f * a) + 1.0f);
-    const cpu_vf z = a * a;
-    cpu_vf s = -1382.0f / 155925 + z * (21844.0f / 6081075);
-    s = 62.0f / 2835 + z * s;
-    s = -17.0f / 315 + z * s;
-    s = 2.0f / 15 + z * s;
-    s = -1.0f / 3 + z * s;
-    const cpu_vf small = a + a * z * s;
-    return (cpu_vf)((cpu_vi)cpu_vsel(a < 0.25f, small, big) | sign);
-}
-
 #endif
 
 /* The helpers below are always inlined, so passing 64-byte vectors by value never crosses a real call. */
