@@ -201,6 +201,8 @@ int cmd_chat(int argc, char **argv)
         rc.max_seqs = 1;
         rc.kv_block_size = s.cfg->kv_block_size;
         rc.kv_memory = s.cfg->kv_memory_bytes;
+        rc.kv_dtype = s.cfg->kv_dtype;
+        rc.no_graphs = !s.cfg->sched_graphs;
         st = runner_create(&rc, &s.runner);
     }
     if (!st && system_text) st = push_msg(&s, "system", system_text, strlen(system_text));

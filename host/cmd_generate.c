@@ -452,6 +452,8 @@ int cmd_generate(int argc, char **argv)
     rc_cfg.max_seqs = 1;
     rc_cfg.kv_block_size = s.cfg->kv_block_size;
     rc_cfg.kv_memory = s.cfg->kv_memory_bytes;
+    rc_cfg.kv_dtype = s.cfg->kv_dtype;
+    rc_cfg.no_graphs = !s.cfg->sched_graphs;
     if (runner_create(&rc_cfg, &s.runner) != BERTH_OK) goto out_fail;
 
     if (runner_generate(s.runner, a.prompt, a.n_prompt, &a.gen, s.logits,

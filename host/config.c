@@ -398,6 +398,17 @@ static void interpret(struct parse_state *ps, const struct cfg_section *sec, con
     case SEC_KV:
         if (strcmp(key, "block_size") == 0) {
             take_int(ps, sn, key, v, 1, INT32_MAX, &cfg->kv_block_size);
+        } else if (strcmp(key, "dtype") == 0) {
+            if (strcmp(v, "auto") == 0)
+                cfg->kv_dtype = -1;
+            else if (strcmp(v, "f32") == 0)
+                cfg->kv_dtype = BERTH_DTYPE_F32;
+            else if (strcmp(v, "bf16") == 0)
+                cfg->kv_dtype = BERTH_DTYPE_BF16;
+            else if (strcmp(v, "f16") == 0)
+                cfg->kv_dtype = BERTH_DTYPE_F16;
+            else
+                fail_at(ps, BERTH_E_INVALID, ps->line, "[%s] %s: '%s' is not one of auto, f32, bf16, f16", sn, key, v);
         } else if (strcmp(key, "memory") == 0) {
             if (!parse_size(v, &cfg->kv_memory_bytes))
                 fail_at(ps, BERTH_E_INVALID, ps->line,
@@ -413,6 +424,8 @@ static void interpret(struct parse_state *ps, const struct cfg_section *sec, con
             take_int(ps, sn, key, v, 1, INT32_MAX, &cfg->sched_max_batch_tokens);
         else if (strcmp(key, "max_seqs") == 0)
             take_int(ps, sn, key, v, 1, INT32_MAX, &cfg->sched_max_seqs);
+        else if (strcmp(key, "graphs") == 0)
+            take_bool(ps, sn, key, v, &cfg->sched_graphs);
         else
             unknown_key(ps, sn, key);
         return;
@@ -578,8 +591,10 @@ static void apply_defaults(struct berth_config *cfg)
 {
     cfg->kv_block_size = 16;
     cfg->kv_memory_bytes = 512ull << 20;
+    cfg->kv_dtype = -1;
     cfg->sched_max_batch_tokens = 512;
     cfg->sched_max_seqs = 64;
+    cfg->sched_graphs = 1;
     cfg->server_port = 8080;
 }
 

@@ -63,8 +63,10 @@ struct berth_config {
 
     int kv_block_size;         /* [kv] block_size, default 16 */
     uint64_t kv_memory_bytes;  /* [kv] memory (accepts K/M/G/KiB/MiB/GiB suffixes), default 512 MiB */
+    int kv_dtype;              /* [kv] dtype: -1 = auto (the backend's preferred_kv_dtype), else BERTH_DTYPE_F32/BF16/F16 */
     int sched_max_batch_tokens;/* [scheduler] max_batch_tokens, default 512 */
     int sched_max_seqs;        /* [scheduler] max_seqs, default 64 */
+    int sched_graphs;          /* [scheduler] graphs: replay decode steps as backend graphs when possible, default 1 */
     char *server_host;         /* [server] host, default 127.0.0.1 */
     int server_port;           /* [server] port, default 8080 */
 

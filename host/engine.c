@@ -363,6 +363,8 @@ berth_status berth_engine_create(const berth_engine_config *c, berth_engine **ou
     rc.max_seqs = c->max_seqs > 0 ? c->max_seqs : e->cfg->sched_max_seqs;
     rc.kv_block_size = e->cfg->kv_block_size;
     rc.kv_memory = kv_memory;
+    rc.kv_dtype = e->cfg->kv_dtype;
+    rc.no_graphs = !e->cfg->sched_graphs;
     rc.state_snapshots = 2 * rc.max_seqs;
     if ((st = runner_create(&rc, &e->runner))) goto fail;
     e->info = *runner_info(e->runner);

@@ -1,6 +1,7 @@
 /* runner.c — loads a model plugin on a backend and runs batched forward steps over the paged KV cache (see
  * runner.h). */
 #include "runner.h"
+#include "host_services.h"
 
 #include "errors.h"
 
@@ -24,6 +25,13 @@ struct runner {
     int32_t max_tokens;
     int32_t max_seqs;
     int32_t table_cap;        /* block-table entries per sequence (max blocks per sequence) */
+    berth_dtype kv_dtype;     /* element type of the KV pools */
+    /* Decode steps as replayed backend graphs (BERTH_CAP_GRAPHS + a graph_safe model): one graph per padded
+     * batch size ("bucket"), recorded the second time that size runs (the first, eager run sizes every workspace)
+     * and replayed afterwards with new contents in the same metadata buffers. */
+    int graphs;
+    berth_graph **graph;      /* [max_seqs + 1], by bucket size */
+    uint8_t *graph_seen;      /* [max_seqs + 1]: the bucket ran eagerly once */
 
     /* One metadata buffer, carved into sections (offsets below); host staging copies beside it. */
     berth_buffer *meta;
@@ -99,13 +107,24 @@ static berth_status fail_with_backend(berth_status st, const char *what)
     return berth_fail(st, "%s: %s", what, inner[0] ? inner : berth_status_str(st));
 }
 
+static void drop_graphs(struct runner *r)
+{
+    if (!r->graph) return;
+    for (int32_t b = 0; b <= r->max_seqs; b++) {
+        if (r->graph[b]) r->be->vt->graph_destroy(r->be->be, r->graph[b]);
+        r->graph[b] = NULL;
+        r->graph_seen[b] = 0;
+    }
+}
+
 static berth_status alloc_logits(struct runner *r, int32_t rows)
 {
     if (rows <= r->logits_rows) return BERTH_OK;
     if (r->logits) {
-        /* Nothing may still read the old buffer. */
+        /* Nothing may still read the old buffer, and no recorded graph may write it. */
         berth_status st = r->be->vt->stream_sync(r->be->be, r->stream);
         if (st) return fail_with_backend(st, "stream sync");
+        drop_graphs(r);
         r->be->vt->buffer_free(r->be->be, r->logits);
         r->logits = NULL;
         r->logits_rows = 0;
@@ -223,13 +242,33 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
         goto fail;
     }
 
+    /* The KV element type: the config's, or the backend's preference; it must be one the device lists. */
+    berth_dtype kv_dtype = BERTH_DTYPE_F32;
+    if (cfg->kv_dtype >= 0)
+        kv_dtype = (berth_dtype)cfg->kv_dtype;
+    else if (r->be->device && BERTH_HAS(r->be->device, berth_device_info, preferred_kv_dtype))
+        kv_dtype = r->be->device->preferred_kv_dtype;
+    if (kv_dtype != BERTH_DTYPE_F32 && kv_dtype != BERTH_DTYPE_BF16 && kv_dtype != BERTH_DTYPE_F16) {
+        st = berth_fail(BERTH_E_INVALID, "[kv] dtype: the backend asks for KV dtype %d, not one of f32, bf16, f16",
+                        (int)kv_dtype);
+        goto fail;
+    }
+    /* (A device that lists no KV dtypes at all, such as a test double, is not second-guessed.) */
+    if (r->be->device && r->be->device->kv_dtypes && !(r->be->device->kv_dtypes & BERTH_DTYPE_BIT(kv_dtype))) {
+        static const char *const names[] = {"f32", "f16", "bf16"};
+        st = berth_fail(BERTH_E_UNSUPPORTED, "[kv] dtype = %s is not supported by the backend's device %s",
+                        names[kv_dtype], r->be->device->name);
+        goto fail;
+    }
+    r->kv_dtype = kv_dtype;
+
     berth_load_params lp;
     memset(&lp, 0, sizeof lp);
     lp.struct_size = sizeof lp;
     lp.max_batch_tokens = r->max_tokens;
     lp.max_seqs = r->max_seqs;
     lp.act_dtype = BERTH_DTYPE_F32;
-    lp.kv_dtype = BERTH_DTYPE_F32;
+    lp.kv_dtype = kv_dtype;
     lp.checkpoint = cfg->ck;
     lp.stream = r->stream;
     st = mvt->load(cfg->model, r->be, &lp);
@@ -243,7 +282,7 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     kp.max_seqs = r->max_seqs;
     kp.max_seq_len = r->info.max_positions;
     kp.max_chunk = r->max_tokens;
-    kp.dtype = BERTH_DTYPE_F32;
+    kp.dtype = kv_dtype;
     kp.n_snapshots = r->layout.n_states > 0 ? cfg->state_snapshots : 0;
     st = kv_cache_create(r->be, &r->layout, &kp, &r->kv);
     if (st) goto fail;
@@ -261,6 +300,19 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     r->logits_rows_max = (int32_t)max_rows;
     st = alloc_logits(r, r->max_seqs < r->logits_rows_max ? r->max_seqs : r->logits_rows_max);
     if (st) goto fail;
+    const berth_backend_vtable *vt = r->be->vt;
+    if (!cfg->no_graphs && r->be->device && (r->be->device->caps & BERTH_CAP_GRAPHS) &&
+        BERTH_HAS(vt, berth_backend_vtable, graph_destroy) && vt->graph_begin && vt->graph_end && vt->graph_launch &&
+        vt->graph_destroy && BERTH_HAS(&r->info, berth_model_info, graph_safe) && r->info.graph_safe &&
+        r->layout.n_states == 0 && r->logits_rows >= r->max_seqs) {
+        r->graph = calloc((size_t)r->max_seqs + 1, sizeof *r->graph);
+        r->graph_seen = calloc((size_t)r->max_seqs + 1, 1);
+        if (!r->graph || !r->graph_seen) {
+            st = berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+            goto fail;
+        }
+        r->graphs = 1;
+    }
     *out = r;
     return BERTH_OK;
 fail:
@@ -273,6 +325,9 @@ void runner_free(struct runner *r)
     if (!r) return;
     const berth_backend_api *be = r->be;
     if (r->stream) be->vt->stream_sync(be->be, r->stream);
+    drop_graphs(r);
+    free(r->graph);
+    free(r->graph_seen);
     if (r->logits) be->vt->buffer_free(be->be, r->logits);
     if (r->meta) be->vt->buffer_free(be->be, r->meta);
     kv_cache_free(r->kv);
@@ -365,6 +420,55 @@ static void note_kv_peak(struct runner *r)
     }
 }
 
+/* Padded batch size for a decode step of n sequences: 1, 2, 4, then multiples of 8 (as vLLM's capture sizes), at
+ * most max_seqs; 0 (no graph) if that exceeds max_batch_tokens. */
+static int32_t graph_bucket(const struct runner *r, int32_t n)
+{
+    int32_t b = n <= 1 ? 1 : n <= 2 ? 2 : n <= 4 ? 4 : (n + 7) / 8 * 8;
+    if (b > r->max_seqs) b = r->max_seqs;
+    return b <= r->max_tokens ? b : 0;
+}
+
+/* forward() eagerly, or through the bucket's graph: recorded on the bucket's second run, replayed after that. A
+ * recording that fails turns graphs off for the runner (with a warning) and runs the step eagerly. */
+static berth_status run_forward(struct runner *r, const berth_batch *b, int32_t bucket)
+{
+    const berth_backend_vtable *vt = r->be->vt;
+    berth_backend *be = r->be->be;
+    berth_status st;
+    if (bucket && r->graph[bucket]) {
+        st = vt->graph_launch(be, r->stream, r->graph[bucket]);
+        if (st) return fail_with_backend(st, "cannot replay a decode graph");
+        r->stats.graph_replays++;
+        return BERTH_OK;
+    }
+    if (bucket && r->graph_seen[bucket]) {
+        st = vt->graph_begin(be, r->stream);
+        if (!st) {
+            berth_status fst = r->cfg.mvt->forward(r->cfg.model, r->stream, b);
+            berth_graph *g = NULL;
+            st = vt->graph_end(be, r->stream, &g);
+            if (!fst && !st) {
+                r->graph[bucket] = g;
+                r->stats.graph_captures++;
+                r->stats.forward_calls++;
+                st = vt->graph_launch(be, r->stream, g);
+                return st ? fail_with_backend(st, "cannot launch a decode graph") : BERTH_OK;
+            }
+            if (g) vt->graph_destroy(be, g);
+            if (fst) st = fst;
+        }
+        host_log(BERTH_LOG_WARN, "decode graphs turned off: recording a %d-sequence step failed: %s", (int)bucket,
+                 berth_last_error());
+        drop_graphs(r);
+        r->graphs = 0;
+    }
+    st = r->cfg.mvt->forward(r->cfg.model, r->stream, b);
+    r->stats.forward_calls++;
+    if (!st && bucket) r->graph_seen[bucket] = 1;
+    return st;
+}
+
 berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, int32_t n_seqs)
 {
     r->n_logits = 0;
@@ -394,6 +498,15 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
                               (int)s->seq, (long long)len + s->n, (int)r->info.max_positions);
     }
 
+    /* A pure decode step may run as a graph: padded to its bucket with rows that see no key and store nothing. */
+    int32_t bucket = 0;
+    if (r->graphs) {
+        int all_decode = 1;
+        for (int32_t i = 0; i < n_seqs; i++)
+            if (steps[i].n != 1 || steps[i].logits != RUNNER_LOGITS_LAST) all_decode = 0;
+        if (all_decode) bucket = graph_bucket(r, n_seqs);
+    }
+
     /* Reserve KV blocks, then lay the step out. */
     int32_t n_logits = 0, max_q = 0, max_kv = 0, tok = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
@@ -419,6 +532,17 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         if (s->n > max_q) max_q = s->n;
         if (start + s->n > max_kv) max_kv = start + s->n;
     }
+    const int32_t n_real = n_seqs, n_real_logits = n_logits, tok_real = tok;
+    for (int32_t i = n_seqs; i < bucket; i++) {
+        r->h_q_start[i] = tok;
+        r->h_kv_len[i] = 0;
+        r->h_state_slots[i] = 0;
+        r->h_tokens[tok] = 0;
+        r->h_positions[tok] = 0;
+        r->h_logit_rows[n_logits++] = tok;
+        tok++;
+    }
+    if (bucket > n_seqs) n_seqs = bucket;
     r->h_q_start[n_seqs] = tok;
     note_kv_peak(r);
 
@@ -433,10 +557,13 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     if (r->layout.n_states > 0 && (st = upload(r, r->off_state_slots, r->h_state_slots, (uint64_t)n_seqs * 4)))
         return st;
 
-    int32_t width = kv_batch_table_width(r->kv, r->spans, n_seqs);
+    /* A graph replays with the block table's shape it was recorded with: the full per-sequence width. */
+    int32_t width = bucket ? r->table_cap : kv_batch_table_width(r->kv, r->spans, n_real);
     for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
-        st = kv_batch_tables(r->kv, g, r->spans, n_seqs, width, r->h_table, r->h_slots);
+        st = kv_batch_tables(r->kv, g, r->spans, n_real, width, r->h_table, r->h_slots);
         if (st) return st;
+        for (int64_t j = (int64_t)n_real * width; j < (int64_t)n_seqs * width; j++) r->h_table[j] = -1;
+        for (int32_t t = tok_real; t < tok; t++) r->h_slots[t] = -1;
         if ((st = upload(r, r->off_table[g], r->h_table, (uint64_t)width * (uint64_t)n_seqs * 4)) ||
             (st = upload(r, r->off_slots[g], r->h_slots, (uint64_t)tok * 4)))
             return st;
@@ -470,12 +597,13 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     b.states = r->sb;
     b.logits = tensor_2d(r->logits, 0, BERTH_DTYPE_F32, r->info.vocab_size, n_logits);
 
-    st = r->cfg.mvt->forward(r->cfg.model, r->stream, &b);
-    r->stats.forward_calls++;
+    st = run_forward(r, &b, bucket);
     if (st) {
         if (!berth_last_error()[0]) berth_fail(st, "model forward failed: %s", berth_status_str(st));
         return st;
     }
+    n_seqs = n_real;
+    n_logits = n_real_logits;
     int n_dec = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         if (steps[i].is_decode)

@@ -31,10 +31,13 @@ struct runner_config {
     int32_t max_seqs;                 /* sequences alive at once (1 for `berth generate`) */
     int32_t kv_block_size;            /* [kv] block_size */
     uint64_t kv_memory;               /* [kv] memory */
+    int32_t kv_dtype;                 /* [kv] dtype: BERTH_DTYPE_F32 (0, also what a zeroed config asks for), BF16,
+                                       * F16, or -1 = the backend's preferred_kv_dtype */
     int32_t state_snapshots;          /* state-snapshot slots for prefix caching of recurrent models (0: none) */
+    int32_t no_graphs;                /* 1: never replay decode steps as backend graphs ([scheduler] graphs = false) */
 };
 
-/* Load the model (berth_load_params: act F32, KV F32), size the KV cache, create a stream and the metadata and
+/* Load the model (berth_load_params: act F32, KV as cfg->kv_dtype resolves), size the KV cache, create a stream and the metadata and
  * logits buffers. Caller frees with runner_free. */
 berth_status runner_create(const struct runner_config *cfg, struct runner **out);
 void runner_free(struct runner *r);
@@ -169,6 +172,8 @@ struct runner_stats {
     int64_t forward_calls;    /* forward() calls */
     int64_t cached_tokens;    /* prompt tokens served from the prefix cache (runner_seq_attach_prefix) */
     int64_t mixed_steps;      /* steps holding both decode rows and prefill tokens */
+    int64_t graph_captures;   /* decode steps recorded as a backend graph (forward() ran in recording mode) */
+    int64_t graph_replays;    /* decode steps run by replaying a recorded graph (forward() was not called) */
     double prefill_seconds;   /* wall time in prefill steps (including the logits download) */
     double decode_seconds;
     int32_t kv_peak_blocks[8]; /* most blocks in use per group (first 8 groups) */

@@ -62,7 +62,7 @@ _Static_assert(sizeof(berth_probe_info) == 264, "berth_probe_info size changed")
 _Static_assert(offsetof(berth_probe_info, struct_size) == 0, "berth_probe_info.struct_size moved");
 _Static_assert(offsetof(berth_probe_info, n_devices) == 4, "berth_probe_info.n_devices moved");
 _Static_assert(offsetof(berth_probe_info, message) == 8, "berth_probe_info.message moved");
-_Static_assert(sizeof(berth_device_info) == 176, "berth_device_info size changed");
+_Static_assert(sizeof(berth_device_info) == 184, "berth_device_info size changed");
 _Static_assert(offsetof(berth_device_info, struct_size) == 0, "berth_device_info.struct_size moved");
 _Static_assert(offsetof(berth_device_info, index) == 4, "berth_device_info.index moved");
 _Static_assert(offsetof(berth_device_info, name) == 8, "berth_device_info.name moved");
@@ -73,6 +73,7 @@ _Static_assert(offsetof(berth_device_info, weight_dtypes) == 160, "berth_device_
 _Static_assert(offsetof(berth_device_info, act_dtypes) == 164, "berth_device_info.act_dtypes moved");
 _Static_assert(offsetof(berth_device_info, kv_dtypes) == 168, "berth_device_info.kv_dtypes moved");
 _Static_assert(offsetof(berth_device_info, compute_units) == 172, "berth_device_info.compute_units moved");
+_Static_assert(offsetof(berth_device_info, preferred_kv_dtype) == 176, "berth_device_info.preferred_kv_dtype moved");
 _Static_assert(sizeof(berth_matmul_params) == 360, "berth_matmul_params size changed");
 _Static_assert(offsetof(berth_matmul_params, struct_size) == 0, "berth_matmul_params.struct_size moved");
 _Static_assert(offsetof(berth_matmul_params, accumulate) == 4, "berth_matmul_params.accumulate moved");
@@ -267,7 +268,7 @@ _Static_assert(offsetof(berth_ops, gated_delta) == 104, "berth_ops.gated_delta m
 _Static_assert(offsetof(berth_ops, gated_rms_norm) == 112, "berth_ops.gated_rms_norm moved");
 _Static_assert(offsetof(berth_ops, log_softmax_topk) == 120, "berth_ops.log_softmax_topk moved");
 _Static_assert(offsetof(berth_ops, sample) == 128, "berth_ops.sample moved");
-_Static_assert(sizeof(berth_backend_vtable) == 144, "berth_backend_vtable size changed");
+_Static_assert(sizeof(berth_backend_vtable) == 176, "berth_backend_vtable size changed");
 _Static_assert(offsetof(berth_backend_vtable, struct_size) == 0, "berth_backend_vtable.struct_size moved");
 _Static_assert(offsetof(berth_backend_vtable, probe) == 8, "berth_backend_vtable.probe moved");
 _Static_assert(offsetof(berth_backend_vtable, device_info) == 16, "berth_backend_vtable.device_info moved");
@@ -286,6 +287,10 @@ _Static_assert(offsetof(berth_backend_vtable, buffer_upload) == 112, "berth_back
 _Static_assert(offsetof(berth_backend_vtable, buffer_download) == 120, "berth_backend_vtable.buffer_download moved");
 _Static_assert(offsetof(berth_backend_vtable, buffer_copy) == 128, "berth_backend_vtable.buffer_copy moved");
 _Static_assert(offsetof(berth_backend_vtable, buffer_fill) == 136, "berth_backend_vtable.buffer_fill moved");
+_Static_assert(offsetof(berth_backend_vtable, graph_begin) == 144, "berth_backend_vtable.graph_begin moved");
+_Static_assert(offsetof(berth_backend_vtable, graph_end) == 152, "berth_backend_vtable.graph_end moved");
+_Static_assert(offsetof(berth_backend_vtable, graph_launch) == 160, "berth_backend_vtable.graph_launch moved");
+_Static_assert(offsetof(berth_backend_vtable, graph_destroy) == 168, "berth_backend_vtable.graph_destroy moved");
 _Static_assert(sizeof(berth_backend_api) == 40, "berth_backend_api size changed");
 _Static_assert(offsetof(berth_backend_api, struct_size) == 0, "berth_backend_api.struct_size moved");
 _Static_assert(offsetof(berth_backend_api, device_index) == 4, "berth_backend_api.device_index moved");
@@ -293,7 +298,7 @@ _Static_assert(offsetof(berth_backend_api, vt) == 8, "berth_backend_api.vt moved
 _Static_assert(offsetof(berth_backend_api, ops) == 16, "berth_backend_api.ops moved");
 _Static_assert(offsetof(berth_backend_api, be) == 24, "berth_backend_api.be moved");
 _Static_assert(offsetof(berth_backend_api, device) == 32, "berth_backend_api.device moved");
-_Static_assert(sizeof(berth_model_info) == 132, "berth_model_info size changed");
+_Static_assert(sizeof(berth_model_info) == 136, "berth_model_info size changed");
 _Static_assert(offsetof(berth_model_info, struct_size) == 0, "berth_model_info.struct_size moved");
 _Static_assert(offsetof(berth_model_info, vocab_size) == 4, "berth_model_info.vocab_size moved");
 _Static_assert(offsetof(berth_model_info, n_layers) == 8, "berth_model_info.n_layers moved");
@@ -305,6 +310,7 @@ _Static_assert(offsetof(berth_model_info, eos_ids) == 28, "berth_model_info.eos_
 _Static_assert(offsetof(berth_model_info, is_encoder_decoder) == 60, "berth_model_info.is_encoder_decoder moved");
 _Static_assert(offsetof(berth_model_info, decoder_start_id) == 64, "berth_model_info.decoder_start_id moved");
 _Static_assert(offsetof(berth_model_info, arch) == 68, "berth_model_info.arch moved");
+_Static_assert(offsetof(berth_model_info, graph_safe) == 132, "berth_model_info.graph_safe moved");
 _Static_assert(sizeof(berth_kv_group_desc) == 60, "berth_kv_group_desc size changed");
 _Static_assert(offsetof(berth_kv_group_desc, struct_size) == 0, "berth_kv_group_desc.struct_size moved");
 _Static_assert(offsetof(berth_kv_group_desc, kind) == 4, "berth_kv_group_desc.kind moved");

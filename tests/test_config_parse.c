@@ -75,6 +75,8 @@ START_TEST(shipped_cpu_ini)
     ck_assert_uint_eq(cfg->kv_memory_bytes, 512ull << 20);
     ck_assert_int_eq(cfg->sched_max_batch_tokens, 512);
     ck_assert_int_eq(cfg->sched_max_seqs, 64);
+    ck_assert_int_eq(cfg->kv_dtype, -1); /* auto */
+    ck_assert_int_eq(cfg->sched_graphs, 1);
     ck_assert_str_eq(cfg->server_host, "127.0.0.1");
     ck_assert_int_eq(cfg->server_port, 8080);
     ck_assert_ptr_null(cfg->model_path);
@@ -197,6 +199,9 @@ START_TEST(bad_values)
     expect_error("[kv]\nmemory = 12XB\n", BERTH_E_INVALID,
                  "2: [kv] memory: invalid size '12XB' (use a number with an optional K, M, G, T, KiB, MiB, GiB or "
                  "TiB suffix)");
+    expect_error("[kv]\ndtype = f8\n", BERTH_E_INVALID, "2: [kv] dtype: 'f8' is not one of auto, f32, bf16, f16");
+    expect_error("[scheduler]\ngraphs = sometimes\n", BERTH_E_INVALID,
+                 "2: [scheduler] graphs: invalid boolean 'sometimes' (use true/false, yes/no, on/off or 1/0)");
     expect_error("[backend.cpu]\ndevice = -1\n", BERTH_E_INVALID, "2: [backend.cpu] device: must be >= 0, got '-1'");
     expect_error("[backend.cpu]\npriority = 99999999999\n", BERTH_E_INVALID,
                  "2: [backend.cpu] priority: must be -2147483648..2147483647, got '99999999999'");
@@ -220,6 +225,19 @@ START_TEST(value_formats)
         char *text = ts_fmt("[kv]\nmemory = %s\n", sizes[i].text), *path;
         struct berth_config *cfg = load_ok(text, &path);
         ck_assert_msg(cfg->kv_memory_bytes == sizes[i].bytes, "%s", sizes[i].text);
+        config_free(cfg);
+        free(text);
+        free(path);
+    }
+    static const struct {
+        const char *text;
+        int dtype;
+    } dtypes[] = {{"auto", -1}, {"f32", BERTH_DTYPE_F32}, {"bf16", BERTH_DTYPE_BF16}, {"f16", BERTH_DTYPE_F16}};
+    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++) {
+        char *text = ts_fmt("[kv]\ndtype = %s\n[scheduler]\ngraphs = off\n", dtypes[i].text), *path;
+        struct berth_config *cfg = load_ok(text, &path);
+        ck_assert_msg(cfg->kv_dtype == dtypes[i].dtype, "%s", dtypes[i].text);
+        ck_assert_int_eq(cfg->sched_graphs, 0);
         config_free(cfg);
         free(text);
         free(path);

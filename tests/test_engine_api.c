@@ -272,7 +272,7 @@ int main(void)
     }
     fixture_dir = strdup(dirs[0]);
     g4_free_list(dirs, n);
-    cfg_path = g4_join(g4_env("BERTH_BUILD_ROOT", "."), "tests/parity-cpu.ini");
+    cfg_path = g4_config_path();
     Suite *su = suite_create("engine_api");
     TCase *tc = tcase_create("engine");
     tcase_set_timeout(tc, 120);

@@ -4,7 +4,7 @@
  *    with prompt_tokens and cached_tokens (a repeated 40-token prompt reports 32 cached with 16-token blocks);
  *  - --stats prints the engine counters on stderr;
  *  - a malformed line is a one-line error naming the file and line;
- *  - berth bench prints one JSON object per concurrency level.
+ *  - berth bench prints one JSON object per concurrency level, with decode_tok_s (null when --gen-len is 1).
  * Args: the berth executable and the parity config. Exits 77 without the fixture. */
 #include <check.h>
 #include <jansson.h>
@@ -260,9 +260,36 @@ START_TEST(test_bench_json)
         ck_assert(json_real_value(json_object_get(o, "tokens_per_s")) > 0);
         ck_assert(json_real_value(json_object_get(o, "ttft_p50_s")) > 0);
         ck_assert(json_real_value(json_object_get(o, "itl_p99_s")) >= json_real_value(json_object_get(o, "itl_p50_s")));
+        /* decode tok/s counts at most the c * 3 tokens after the first ones, over a window shorter than the
+         * level's wall time: positive, finite, and above (c * 3) / seconds. */
+        json_t *d = json_object_get(o, "decode_tok_s");
+        ck_assert_msg(json_is_real(d), "%s", line);
+        ck_assert(json_real_value(d) > 0 && json_real_value(d) < 1e9);
+        ck_assert(json_real_value(d) > 3.0 * c / json_real_value(json_object_get(o, "seconds")));
         json_decref(o);
         line = strtok_r(NULL, "\n", &save);
     }
+    free(out);
+    free(err);
+    /* --gen-len 1: no token after the first, so no decode figure (null, the key still present). */
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --model %s --concurrency 2 --prompt-len 8 --gen-len 1 --json",
+             berth_bin, config_path, model_dir);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    {
+        json_t *o = json_loads(out, 0, NULL);
+        ck_assert_msg(o != NULL, "%s", out);
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "tokens")), 2);
+        ck_assert(json_is_null(json_object_get(o, "decode_tok_s")));
+        json_decref(o);
+    }
+    free(out);
+    free(err);
+    /* The table has the decode column last; with one generated token it reads "-". */
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --model %s --concurrency 1 --prompt-len 8 --gen-len 1", berth_bin,
+             config_path, model_dir);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    ck_assert_msg(strstr(out, "preempt decode_t/s\n") != NULL, "%s", out);
+    ck_assert_msg(strstr(out, " -\n") != NULL, "%s", out);
     free(out);
     free(err);
     snprintf(cmd, sizeof cmd, "%s bench --config %s --concurrency 0", berth_bin, config_path);

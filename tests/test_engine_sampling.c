@@ -52,7 +52,7 @@ static void open_tiny(struct g4_session *s) { g4_open(tiny_dir, 8, 4, s); }
 static void open_seqs(int32_t max_seqs, struct g4_session *s)
 {
     memset(s, 0, sizeof *s);
-    char *cp = g4_join(g4_env("BERTH_BUILD_ROOT", "."), "tests/parity-cpu.ini");
+    char *cp = g4_config_path();
     ck_assert_msg(config_load(cp, &s->cfg) == BERTH_OK, "%s", berth_last_error());
     free(cp);
     ck_assert_msg(registry_load(s->cfg, &s->reg) == BERTH_OK, "%s", berth_last_error());
@@ -420,7 +420,7 @@ START_TEST(test_stop_strings)
 {
     struct tprompts f;
     load_prompts(&f);
-    char *cfg = g4_join(g4_env("BERTH_BUILD_ROOT", "."), "tests/parity-cpu.ini");
+    char *cfg = g4_config_path();
     berth_engine_config c;
     memset(&c, 0, sizeof c);
     c.struct_size = sizeof c;

@@ -52,7 +52,7 @@ static void on_done(void *arg, int64_t id, int32_t index, const char *finish, in
 static void open_tiny(int32_t max_seqs, uint64_t kv_memory, struct g4_session *s)
 {
     memset(s, 0, sizeof *s);
-    char *cfg_path = g4_join(g4_env("BERTH_BUILD_ROOT", "."), "tests/parity-cpu.ini");
+    char *cfg_path = g4_config_path();
     ck_assert_msg(config_load(cfg_path, &s->cfg) == BERTH_OK, "%s", berth_last_error());
     free(cfg_path);
     ck_assert_msg(registry_load(s->cfg, &s->reg) == BERTH_OK, "%s", berth_last_error());

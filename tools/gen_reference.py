@@ -70,6 +70,13 @@ OFFICIAL = dict(
     sliding_window=12, num_kv_shared_layers=4, use_double_wide_mlp=True, hidden_size_per_layer_input=8,
     final_logit_softcapping=30.0, initializer_range=0.1, max_position_embeddings=256,
 )
+# bf16-mode agreement (tests/test_gemma4_bf16_agreement.c): the official E2B-like layout, wide enough that the
+# logits spread like a real model's (std ~1.5 rather than the tiny variants' ~0.1 under softcap 1.0). On the tiny
+# variants transformers' own bf16 inference reaches only 0.73-0.95 logit cosine against fp32 (tools/
+# hf_bf16_agreement.py, 2026-11-29): a bf16 criterion measured there would measure the fixture, not the engine.
+BF16_WIDE = dict(OFFICIAL, hidden_size=256, intermediate_size=512, num_hidden_layers=6, layer_types=[S, S, F] * 2,
+                 head_dim=64, global_head_dim=128, sliding_window=16, num_kv_shared_layers=2,
+                 hidden_size_per_layer_input=16)
 K_EQ_V = dict(TINY, attention_k_eq_v=True, num_global_key_value_heads=1)
 PLAIN = dict(TINY, hidden_size_per_layer_input=0, num_kv_shared_layers=0, final_logit_softcapping=None)
 TINY_GEMMA4 = dict(TINY, vocab_size=mtt.VOCAB_SIZE, vocab_size_per_layer_input=mtt.VOCAB_SIZE)
@@ -77,6 +84,7 @@ TINY_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, nu
                    num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=16, pooling_kernel_size=2)
 
 SEED_TINY, SEED_OFFICIAL, SEED_K_EQ_V, SEED_PLAIN, SEED_VISION, SEED_TINY_GEMMA4 = 1001, 1002, 1003, 1004, 1005, 1007
+SEED_BF16_WIDE = 1008
 
 VARIANTS = {
     "tiny": dict(kw=TINY, seed=SEED_TINY, dtype="float32",
@@ -95,6 +103,13 @@ VARIANTS = {
     "bf16": dict(kw=TINY, seed=SEED_TINY, dtype="bfloat16",
                  desc="the tiny weights rounded to bf16 and saved as BF16; reference = HF fp32 on the "
                       "upcast weights (from_pretrained(dtype=float32), never model.to(bfloat16))"),
+    "bf16_wide": dict(kw=BF16_WIDE, seed=SEED_BF16_WIDE, dtype="bfloat16", official=True, bf16_agreement=True,
+                      scaled_qk_norm=True,
+                      desc="official-style layout, D 256, head_dim 64 / 128 on full layers, 1 KV head, window 16, "
+                           "2 KV-shared layers, PLE 16, softcap 30, q/k norm weights scaled by head_dim^-1/4 (scores spread "
+                           "like 1/sqrt(d)-scaled ones), weights rounded to bf16 and saved as BF16; "
+                           "reference = HF fp32 on the upcast weights. Logits spread like a real model's: the "
+                           "fixture the CUDA bf16 mode's agreement criterion is measured on"),
     "f16": dict(kw=TINY, seed=SEED_TINY, dtype="float16",
                 desc="the tiny weights rounded to fp16 and saved as F16; reference = HF fp32 on the upcast "
                      "weights"),
@@ -348,15 +363,21 @@ def text_layers(model):
     return text_model(model).layers
 
 
-def randomise(ctx, model, seed, std):
-    """All parameters random; RMSNorm weights and layer_scalar uniform in [0.5, 1.5); other buffers untouched."""
+def randomise(ctx, model, seed, std, scaled_qk_norm=False):
+    """All parameters random; RMSNorm weights and layer_scalar uniform in [0.5, 1.5); other buffers untouched.
+    scaled_qk_norm: q_norm and k_norm weights also times head_dim^-1/4, so that q.k has the spread of a
+    1/sqrt(head_dim)-scaled product (Gemma 4 folds that scale into the trained norm weights; with weights near 1 the
+    scores of a random model reach +-20 and its attention is an argmax that any rounding flips)."""
     torch = ctx.torch
     g = torch.Generator().manual_seed(seed)
     n_norm = n_normal = n_scalar = 0
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied lm_head is listed once (as embed_tokens)
             if name.endswith("norm.weight") or name.endswith("router.scale") or name.endswith("per_expert_scale"):
-                p.copy_(torch.rand(p.shape, generator=g, dtype=torch.float32) + 0.5)
+                w = torch.rand(p.shape, generator=g, dtype=torch.float32) + 0.5
+                if scaled_qk_norm and (name.endswith("q_norm.weight") or name.endswith("k_norm.weight")):
+                    w = w * float(p.shape[-1]) ** -0.25
+                p.copy_(w)
                 n_norm += 1
             else:
                 p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float32) * std)
@@ -382,13 +403,13 @@ def check_tied(model):
           "lm_head.weight is not tied to embed_tokens.weight (tie_word_embeddings should be true)")
 
 
-def build_text_model(ctx, kw, seed):
+def build_text_model(ctx, kw, seed, scaled_qk_norm=False):
     tf, torch = ctx.tf, ctx.torch
     torch.manual_seed(seed)
     cfg = tf.Gemma4TextConfig(**copy.deepcopy(kw))
     model = tf.Gemma4ForCausalLM(cfg).to(torch.float32).eval()
     set_eager(ctx, model)
-    randomise(ctx, model, seed, kw["initializer_range"])
+    randomise(ctx, model, seed, kw["initializer_range"], scaled_qk_norm)
     check_tied(model)
     return model
 
@@ -702,7 +723,7 @@ def run_text_variant(ctx, out, name, spec, vers):
     d = os.path.join(out, "gemma4", name)
     warnings, extra = [], {}
     log(f"== {name}: {spec['desc']}")
-    model = build_text_model(ctx, kw, spec["seed"])
+    model = build_text_model(ctx, kw, spec["seed"], spec.get("scaled_qk_norm", False))
     check_layers(model, kw, f"{name} (in memory)")
     if dtype_name != "float32":
         round_weights(ctx, model, dtype_name)
@@ -727,6 +748,8 @@ def run_text_variant(ctx, out, name, spec, vers):
     else:
         save_model(ctx, model, d, dtype_name)
 
+    if spec.get("bf16_agreement"):
+        extra["bf16_agreement"] = True
     if spec.get("official"):
         cfg_path = os.path.join(d, "config.json")
         with open(cfg_path) as f:

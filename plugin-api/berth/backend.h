@@ -28,13 +28,14 @@ extern "C" {
 #endif
 
 typedef struct berth_backend berth_backend; /* one initialised device of one backend */
+typedef struct berth_graph berth_graph;     /* a recorded sequence of ops (BERTH_CAP_GRAPHS) */
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Capabilities (bits of berth_device_info.caps). Bit values fixed forever. */
 #define BERTH_CAP_WRAP_HOST (1ull << 0)    /* buffer_wrap_host works: compute directly on host memory */
 #define BERTH_CAP_HOST_VISIBLE (1ull << 1) /* buffer_host_ptr works: buffers are addressable by the host */
 #define BERTH_CAP_ASYNC (1ull << 2)        /* ops are enqueued; results need stream_sync */
-#define BERTH_CAP_GRAPHS (1ull << 3)       /* can capture and replay a decode step (CUDA issue) */
+#define BERTH_CAP_GRAPHS (1ull << 3)       /* graph_begin/end/launch/destroy work: record a step once, replay it */
 #define BERTH_CAP_KNOWN_MASK ((1ull << 4) - 1)
 
 /* Probe result: is the hardware there at all? Out-struct: caller sets struct_size. */
@@ -56,6 +57,10 @@ typedef struct berth_device_info {
     uint32_t act_dtypes;      /* BERTH_DTYPE_BIT() set of activation dtypes */
     uint32_t kv_dtypes;       /* BERTH_DTYPE_BIT() set of KV-cache dtypes */
     int32_t compute_units;    /* threads / SMs */
+    /* ABI 0.2: fields above. */
+    berth_dtype preferred_kv_dtype; /* KV element type the host uses when its config says "auto" (one of kv_dtypes).
+                                     * Default (older plugin): F32. (ABI 1.0) */
+    /* ABI 1.0: fields above. Append below only. */
 } berth_device_info;
 
 /* Buffer usage hints. */
@@ -459,7 +464,22 @@ typedef struct berth_backend_vtable {
                                 const berth_buffer *src, uint64_t src_offset, uint64_t nbytes);
     berth_status (*buffer_fill)(berth_backend *be, berth_stream *s, berth_buffer *dst, uint64_t offset,
                                 uint8_t byte, uint64_t nbytes);
-    /* ABI 0.1: fields above. Append below only. */
+    /* ABI 0.1: fields above. */
+
+    /* (optional, BERTH_CAP_GRAPHS) Graphs: record the ops enqueued on s between graph_begin and graph_end
+     * instead of running them, then replay the recording with graph_launch as often as wanted. A replay does
+     * exactly what the recorded calls did, with the same parameters and the same buffers: to run a new step
+     * through a graph, the caller rewrites the CONTENTS of those buffers (token ids, positions, block tables,
+     * lengths) and launches it. Between begin and end no call on this backend may synchronise or transfer to or
+     * from host memory (stream_sync, buffer_upload/download, sample); a failing op aborts the recording
+     * (graph_end then fails, and the stream is usable again). Ops record launch sizes from shapes and fixed
+     * bounds only (e.g. attention from the block table's width, not max_kv_len), so any contents valid for
+     * those shapes replay correctly. graph_end's *out is destroyed by the caller with graph_destroy. (ABI 1.0) */
+    berth_status (*graph_begin)(berth_backend *be, berth_stream *s);
+    berth_status (*graph_end)(berth_backend *be, berth_stream *s, berth_graph **out);
+    berth_status (*graph_launch)(berth_backend *be, berth_stream *s, berth_graph *g);
+    void (*graph_destroy)(berth_backend *be, berth_graph *g);
+    /* ABI 1.0: fields above. Append below only. */
 } berth_backend_vtable;
 
 /* What the host hands a model plugin so it can drive the chosen backend. Valid until the model is destroyed. */

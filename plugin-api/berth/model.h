@@ -40,6 +40,14 @@ typedef struct berth_model_info {
     int32_t is_encoder_decoder;
     int32_t decoder_start_id; /* -1 unless encoder-decoder */
     char arch[64];          /* "gemma4_text" */
+    /* ABI 0.2: fields above. */
+    /* 1 when forward() may be recorded in a backend graph (BERTH_CAP_GRAPHS) and replayed: for a given shape
+     * (n_tokens, n_seqs, n_logits, and the same tensors and buffers in the batch) it always enqueues the same
+     * ops with the same parameters, reads no h_* array to decide what to enqueue, and never syncs or transfers.
+     * A replayed step does not call forward(), so plugin counters do not see it. Default (older plugin): 0.
+     * (ABI 1.0) */
+    int32_t graph_safe;
+    /* ABI 1.0: fields above. Append below only. */
 } berth_model_info;
 
 /* ---------------------------------------------------------------------------------------------------------------

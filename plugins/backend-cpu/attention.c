@@ -14,59 +14,6 @@
 #include "cpu_backend.h"
 #include "simd.h"
 
-#define ATTN_MAX_REP 64 /* query heads per KV head handled in one item (stack arrays in attn_item) */
-
-bool cpu_check_attention(struct cpu_check *c, const berth_attention_params *p)
-{
-    static const char op[] = "attention";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_attention_params, kv)))
-        return false;
-    const berth_kv_view *kv = &p->kv;
-    if (p->mask != BERTH_MASK_CAUSAL && p->mask != BERTH_MASK_NONE)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "attention: mask %d is not supported", p->mask);
-    if (p->window < 0)
-        return ck_fail(c, BERTH_E_INVALID, "attention: window %d is negative", p->window);
-    if (p->window > 0 && p->mask != BERTH_MASK_CAUSAL)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "attention: a sliding window (%d) needs the causal mask", p->window);
-    if (!(p->softcap >= 0.0f))
-        return ck_fail(c, BERTH_E_INVALID, "attention: softcap %g must be >= 0", (double)p->softcap);
-    if (p->n_seqs < 0)
-        return ck_fail(c, BERTH_E_INVALID, "attention: n_seqs %d is negative", p->n_seqs);
-    if (!ck_kv_view(c, op, kv))
-        return false;
-    if (!ck_tensor(c, op, "q", &p->q, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "out", &p->out, CPU_ACT_DTYPES, true))
-        return false;
-    const int64_t H = p->q.ne[1], T = p->q.ne[2];
-    if (p->q.ne[0] != kv->head_dim || p->q.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "attention: q must be ne {head_dim %d, n_heads, T}, got ne[0] = %" PRId64
-                       ", ne[3] = %" PRId64, kv->head_dim, p->q.ne[0], p->q.ne[3]);
-    if (p->out.ne[0] != kv->head_dim_v || p->out.ne[1] != H || p->out.ne[2] != T || p->out.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "attention: out must be ne {head_dim_v %d, n_heads %" PRId64 ", T %" PRId64
-                       "}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", kv->head_dim_v, H, T,
-                       p->out.ne[0], p->out.ne[1], p->out.ne[2], p->out.ne[3]);
-    if (H % kv->n_kv_heads != 0)
-        return ck_fail(c, BERTH_E_INVALID, "attention: n_heads %" PRId64 " is not a multiple of n_kv_heads %d", H,
-                       kv->n_kv_heads);
-    if (H / kv->n_kv_heads > ATTN_MAX_REP)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "attention: %" PRId64 " query heads per KV head (most: %d)",
-                       H / kv->n_kv_heads, ATTN_MAX_REP);
-    if (ck_present(c, &p->gate) &&
-        (!ck_tensor(c, op, "gate", &p->gate, CPU_ACT_DTYPES, false) || !ck_same_shape(c, op, "gate", &p->gate, "out", &p->out)))
-        return false;
-    if (!ck_tensor(c, op, "positions", &p->positions, CPU_I32, false) ||
-        !ck_vector(c, op, "positions", &p->positions, T) ||
-        !ck_tensor(c, op, "seq_q_start", &p->seq_q_start, CPU_I32, false) ||
-        !ck_vector(c, op, "seq_q_start", &p->seq_q_start, (int64_t)p->n_seqs + 1) ||
-        !ck_tensor(c, op, "seq_kv_len", &p->seq_kv_len, CPU_I32, false) ||
-        !ck_vector(c, op, "seq_kv_len", &p->seq_kv_len, p->n_seqs) ||
-        !ck_tensor(c, op, "block_table", &p->block_table, CPU_I32, false))
-        return false;
-    if (p->block_table.ne[1] != p->n_seqs || p->block_table.ne[2] != 1 || p->block_table.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "attention: block_table must be ne {max_blocks, n_seqs %d}, got ne[1] = %" PRId64,
-                       p->n_seqs, p->block_table.ne[1]);
-    return true;
-}
-
 struct attn_ctx {
     const berth_attention_params *p;
     berth_backend *be;
@@ -133,8 +80,8 @@ static void attn_item(struct attn_ctx *c, int64_t item, float *scratch)
     float *scores = scratch;                 /* n_rep x n */
     float *acc = scratch + n_rep * c->max_keys; /* n_rep x hdv */
 
-    const float *q[ATTN_MAX_REP];
-    float denom[ATTN_MAX_REP], mx[ATTN_MAX_REP];
+    const float *q[CPU_ATTN_MAX_REP];
+    float denom[CPU_ATTN_MAX_REP], mx[CPU_ATTN_MAX_REP];
     for (int32_t r = 0; r < n_rep; r++)
         q[r] = (const float *)(cpu_data(&p->q) + (g * n_rep + r) * p->q.nb[1] + t * p->q.nb[2]);
 
@@ -205,13 +152,13 @@ berth_status cpu_op_attention(berth_backend *be, berth_stream *s, const berth_at
     const berth_kv_view *kv = &p->kv;
     const int64_t T = p->q.ne[2], H = p->q.ne[1];
     const int32_t n_rep = (int32_t)(H / kv->n_kv_heads);
-    struct cpu_check ck = {0};
+    struct opck ck = {0};
     berth_status st = BERTH_OK;
     int32_t *row_seq = NULL;
 
     /* Host-written metadata: validate before any thread reads through it. */
     if (T > 0 && p->n_seqs == 0) {
-        ck_fail(&ck, BERTH_E_INVALID, "attention: %" PRId64 " query rows but no sequence", T);
+        opck_fail(&ck, BERTH_E_INVALID, "attention: %" PRId64 " query rows but no sequence", T);
         goto fail;
     }
     st = cpu_scratch_shared(be, (size_t)(T > 0 ? T : 1) * sizeof(int32_t), (void **)&row_seq);
@@ -223,13 +170,13 @@ berth_status cpu_op_attention(berth_backend *be, berth_stream *s, const berth_at
         const int32_t q0 = cpu_i32_at(&p->seq_q_start, i), q1 = cpu_i32_at(&p->seq_q_start, i + 1);
         const int32_t kv_len = cpu_i32_at(&p->seq_kv_len, i);
         if ((i == 0 && q0 != 0) || q1 < q0 || q1 > T || (i + 1 == p->n_seqs && q1 != T)) {
-            ck_fail(&ck, BERTH_E_INVALID, "attention: seq_q_start must rise from 0 to T = %" PRId64
-                    " (seq %d: [%d, %d))", T, i, q0, q1);
+            opck_fail(&ck, BERTH_E_INVALID, "attention: seq_q_start must rise from 0 to T = %" PRId64
+                      " (seq %d: [%d, %d))", T, i, q0, q1);
             goto fail;
         }
         if (kv_len < 0 || (kv_len + (int64_t)kv->block_size - 1) / kv->block_size > max_blocks) {
-            ck_fail(&ck, BERTH_E_INVALID, "attention: seq_kv_len[%d] = %d does not fit %" PRId64 " blocks of %d", i,
-                    kv_len, max_blocks, kv->block_size);
+            opck_fail(&ck, BERTH_E_INVALID, "attention: seq_kv_len[%d] = %d does not fit %" PRId64 " blocks of %d", i,
+                      kv_len, max_blocks, kv->block_size);
             goto fail;
         }
         for (int32_t t = q0; t < q1; t++) {
@@ -255,13 +202,13 @@ berth_status cpu_op_attention(berth_backend *be, berth_stream *s, const berth_at
         nth = (int)(c.n_items > 0 ? c.n_items : 1);
     cpu_pool_run(be->pool, nth, attn_task, &c);
     if (atomic_load(&c.failed)) {
-        ck_fail(&ck, BERTH_E_INVALID, "attention: block_table[seq %d][%d] = %d is not a block of the pool (0..%d)",
-                c.bad_seq, c.bad_index, c.bad_value, kv->n_blocks - 1);
+        opck_fail(&ck, BERTH_E_INVALID, "attention: block_table[seq %d][%d] = %d is not a block of the pool (0..%d)",
+                  c.bad_seq, c.bad_index, c.bad_value, kv->n_blocks - 1);
         goto fail;
     }
     goto out;
 fail:
-    st = ck_report(be, &ck);
+    st = cpu_report(be, &ck);
 out:
     CPU_OP_END(be);
     return st;

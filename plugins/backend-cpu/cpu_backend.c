@@ -120,6 +120,38 @@ static berth_status cpu_device_info(const berth_host *host, int32_t idx, berth_d
     return BERTH_OK;
 }
 
+/* ---- what the shared op checks need (plugins/common/op_check.h) ---- */
+
+static void cpu_buffer_facts(const berth_buffer *b, uintptr_t *addr, uint64_t *size, int *read_only)
+{
+    *addr = (uintptr_t)b->ptr;
+    *size = b->size;
+    *read_only = b->read_only;
+}
+
+static const struct opck_backend cpu_opck = {
+    .weight_dtypes = CPU_WEIGHT_DTYPES,
+    .act_dtypes = CPU_ACT_DTYPES,
+    .kv_dtypes = CPU_KV_DTYPES,
+    .attn_max_rep = CPU_ATTN_MAX_REP,
+    .attn_max_head_dim = 0, /* head vectors live in per-thread scratch sized per call */
+    .buffer_facts = cpu_buffer_facts,
+    .conv_max_k = CPU_CONV_MAX_K,
+};
+
+berth_status cpu_report(const berth_backend *be, const struct opck *c)
+{
+    be->host->set_error(be->host->ctx, c->code, c->msg);
+    return c->code;
+}
+
+/* A check's failure as supports() answers it: always BERTH_E_UNSUPPORTED, same message. */
+static berth_status cpu_report_unsupported(const berth_backend *be, const struct opck *c)
+{
+    be->host->set_error(be->host->ctx, BERTH_E_UNSUPPORTED, c->msg);
+    return BERTH_E_UNSUPPORTED;
+}
+
 /* ---- init / destroy ---- */
 
 static void cpu_destroy(berth_backend *be)
@@ -159,6 +191,7 @@ static berth_status cpu_init(const berth_host *host, int32_t idx, berth_backend 
     be->host = host;
     be->n_threads = threads;
     be->mmk = mmk;
+    be->ck = cpu_opck;
     pthread_mutex_init(&be->exec_mu, NULL);
     be->per_thread = calloc((size_t)threads, sizeof *be->per_thread);
     if (!be->per_thread) {
@@ -443,15 +476,15 @@ static const berth_ops *cpu_get_ops(berth_backend *be)
 
 static berth_status cpu_supports(berth_backend *be, int32_t op, const void *params)
 {
-    struct cpu_check c = {.exec = 0};
+    struct opck c = {.exec = 0, .be = &be->ck};
     bool ok;
     if (!params) {
-        ck_fail(&c, BERTH_E_UNSUPPORTED, "supports: params is NULL (op %d)", op);
-        return ck_report_unsupported(be, &c);
+        opck_fail(&c, BERTH_E_UNSUPPORTED, "supports: params is NULL (op %d)", op);
+        return cpu_report_unsupported(be, &c);
     }
     switch (op) {
 #define CPU_SUPPORTS_CASE(ID, name, ptype)                                                                      \
-    case ID: ok = cpu_check_##name(&c, (const ptype *)params); break;
+    case ID: ok = opck_##name(&c, (const ptype *)params); break;
         CPU_SUPPORTS_CASE(BERTH_OP_MATMUL, matmul, berth_matmul_params)
         CPU_SUPPORTS_CASE(BERTH_OP_GET_ROWS, get_rows, berth_get_rows_params)
         CPU_SUPPORTS_CASE(BERTH_OP_RMS_NORM, rms_norm, berth_rms_norm_params)
@@ -470,10 +503,10 @@ static berth_status cpu_supports(berth_backend *be, int32_t op, const void *para
         CPU_SUPPORTS_CASE(BERTH_OP_SAMPLE, sample, berth_sample_params)
 #undef CPU_SUPPORTS_CASE
     default:
-        ok = ck_fail(&c, BERTH_E_UNSUPPORTED, "supports: unknown op %d", op);
+        ok = opck_fail(&c, BERTH_E_UNSUPPORTED, "supports: unknown op %d", op);
         break;
     }
-    return ok ? BERTH_OK : ck_report_unsupported(be, &c);
+    return ok ? BERTH_OK : cpu_report_unsupported(be, &c);
 }
 
 /* ---- descriptor ---- */

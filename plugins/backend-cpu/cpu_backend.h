@@ -2,9 +2,10 @@
  * cpu_backend.h — internal declarations shared by the CPU backend's files: the backend, buffer and stream
  * objects, tensor addressing helpers, per-thread scratch, and every op's check and run entry points.
  *
- * Every op follows one shape: cpu_check_OP() validates parameters (dtypes, shapes, combinations; in exec mode
- * also buffers and bounds) and is shared by supports() and execution so the two always agree; cpu_op_OP() is the
- * berth_ops member: it checks, then computes synchronously on the calling thread plus the backend's pool.
+ * Every op follows one shape: opck_OP() (plugins/common/op_check.h, shared with the other backends) validates
+ * parameters (dtypes, shapes, combinations; in exec mode also buffers and bounds) and serves both supports() and
+ * execution so the two always agree; cpu_op_OP() is the berth_ops member: it checks, then computes synchronously
+ * on the calling thread plus the backend's pool, validating whatever depends on tensor contents as it goes.
  */
 #ifndef CPU_BACKEND_H
 #define CPU_BACKEND_H
@@ -15,6 +16,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "op_check.h"
 #include "threadpool.h"
 
 struct mm_kernels; /* matmul_kernels.h */
@@ -33,6 +35,7 @@ struct berth_backend {
     struct cpu_scratch shared;     /* scratch visible to all threads of one op (e.g. packed matmul input) */
     struct cpu_scratch *per_thread;/* n_threads private scratch areas (score rows, sampling workspaces) */
     const struct mm_kernels *mmk;  /* matmul kernels for the best ISA this CPU runs */
+    struct opck_backend ck;        /* dtype sets, limits and buffer facts for the shared op checks */
 };
 
 struct berth_buffer {
@@ -51,40 +54,14 @@ struct berth_stream {
                            BERTH_DTYPE_BIT(BERTH_DTYPE_F16))
 #define CPU_ACT_DTYPES BERTH_DTYPE_BIT(BERTH_DTYPE_F32)
 #define CPU_KV_DTYPES CPU_WEIGHT_DTYPES
-#define CPU_F32 BERTH_DTYPE_BIT(BERTH_DTYPE_F32)
-#define CPU_I32 BERTH_DTYPE_BIT(BERTH_DTYPE_I32)
 
-/* ---- checks (check.c) ---- */
-struct cpu_check {
-    int exec;            /* 1: execution (buffers must exist and be in bounds); 0: supports() query */
-    berth_status code;   /* first failure */
-    char msg[256];
-};
+/* ---- limits (stack arrays in the kernels; declared to the shared checks in struct opck_backend) ---- */
+#define CPU_ATTN_MAX_REP 64 /* query heads per KV head handled in one attention item */
+#define CPU_CONV_MAX_K 64   /* conv1d_causal kernel width (the sliding window lives on the stack) */
 
-/* Record a failure (the first one wins) and return false, so checks read `return ck_fail(...)`. */
-bool ck_fail(struct cpu_check *c, berth_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-/* Is an optional tensor present (berth/backend.h, top comment)? Execution: buf != NULL. Query (buffers are
- * always NULL there): ne[0] != 0. */
-bool ck_present(const struct cpu_check *c, const berth_tensor *t);
-/* Validate one tensor: dtype in dtypes, ne >= 0, nb[0] == element size, and in exec mode a buffer that holds the
- * whole view with element-aligned addresses; `writes` rejects read-only buffers. */
-bool ck_tensor(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t, uint32_t dtypes,
-               bool writes);
-/* ne[0] == n (n < 0: any) and ne[1..3] == 1. */
-bool ck_vector(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t, int64_t n);
-/* t has exactly the ne of ref. */
-bool ck_same_shape(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t,
-                   const char *ref_name, const berth_tensor *ref);
-/* Params struct_size covers the fields this ABI version's op reads (BERTH_E_ABI otherwise). */
-bool ck_struct_size(struct cpu_check *c, const char *op, uint32_t have, size_t need);
-/* The paged KV view: dtype, dims, and in exec mode both pools' extents. */
-bool ck_kv_view(struct cpu_check *c, const char *op, const berth_kv_view *kv);
-/* Report the check's failure through the host (set_error). Returns c->code. */
-berth_status ck_report(const berth_backend *be, const struct cpu_check *c);
-/* A check's failure as supports() answers it: always BERTH_E_UNSUPPORTED, same message. */
-berth_status ck_report_unsupported(const berth_backend *be, const struct cpu_check *c);
-const char *cpu_dtype_name(berth_dtype t);
-size_t cpu_dtype_size(berth_dtype t); /* 0 for unknown */
+/* ---- check failures (cpu_backend.c) ---- */
+/* Report a failed check through the host (set_error). Returns c->code. */
+berth_status cpu_report(const berth_backend *be, const struct opck *c);
 
 /* ---- tensor addressing ---- */
 static inline char *cpu_data(const berth_tensor *t)
@@ -133,10 +110,8 @@ static inline void cpu_split(int64_t n, int64_t unit, int tid, int nth, int64_t 
     *hi = u1 * unit < n ? u1 * unit : n;
 }
 
-/* ---- ops: check (query and exec) and run ---- */
-#define CPU_DECLARE_OP(name, ptype)                                                                            \
-    bool cpu_check_##name(struct cpu_check *c, const ptype *p);                                                \
-    berth_status cpu_op_##name(berth_backend *be, berth_stream *s, const ptype *p);
+/* ---- ops (checked by opck_OP) ---- */
+#define CPU_DECLARE_OP(name, ptype) berth_status cpu_op_##name(berth_backend *be, berth_stream *s, const ptype *p);
 CPU_DECLARE_OP(matmul, berth_matmul_params)
 CPU_DECLARE_OP(get_rows, berth_get_rows_params)
 CPU_DECLARE_OP(rms_norm, berth_rms_norm_params)
@@ -159,34 +134,22 @@ CPU_DECLARE_OP(sample, berth_sample_params)
  * fields are ignored), then lock the backend. Used as: CPU_OP_BEGIN(be, name, p); ...; CPU_OP_END(be). */
 #define CPU_OP_BEGIN(be, name, p)                                                                              \
     do {                                                                                                       \
-        struct cpu_check ck_ = {.exec = 1};                                                                    \
+        struct opck ck_ = {.exec = 1, .be = &(be)->ck};                                                        \
         if (!(p))                                                                                              \
-            ck_fail(&ck_, BERTH_E_INVALID, #name ": params is NULL");                                          \
-        if (!(p) || !cpu_check_##name(&ck_, (p)))                                                              \
-            return ck_report((be), &ck_);                                                                      \
+            opck_fail(&ck_, BERTH_E_INVALID, #name ": params is NULL");                                        \
+        if (!(p) || !opck_##name(&ck_, (p)))                                                                   \
+            return cpu_report((be), &ck_);                                                                     \
     } while (0);                                                                                               \
     pthread_mutex_lock(&(be)->exec_mu)
 #define CPU_OP_END(be) pthread_mutex_unlock(&(be)->exec_mu)
 
 /* Shared pieces used by more than one op. */
-/* Does a norm weight mode read a weight tensor? (W_NONE and UNIT do not.) */
-static inline bool cpu_norm_has_weight(int32_t mode)
-{
-    return mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
-}
 /* RMS-normalise n floats in place (fp32): v *= 1/sqrt(mean(v^2) + eps), then the weight mode with w (dtype wdt;
- * NULL unless cpu_norm_has_weight(weight_mode)). */
+ * NULL unless opck_norm_has_weight(weight_mode)). */
 void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const void *w, berth_dtype wdt);
-/* RoPE mode and pair layout fit a head of d elements (shared by rope and kv_append). */
-bool cpu_check_rope_pairs(struct cpu_check *c, const char *op, int32_t mode, int32_t pair_offset, int32_t n_pairs,
-                          int64_t d);
 /* Rotate the pairs of one head vector v (d floats) in place with precomputed cos/sin per pair. */
 void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs, const float *cs, const float *sn);
 /* Activation functions (BERTH_ACT_*), fp32 through libm. */
-static inline bool cpu_act_valid(int32_t act)
-{
-    return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_EXP;
-}
 static inline float cpu_act(int32_t act, float x)
 {
     switch (act) {

@@ -11,27 +11,6 @@
 /* ---------------------------------------------------------------------------------------------------------
  * get_rows: y[t, :] = scale * table[ids[t], :] */
 
-bool cpu_check_get_rows(struct cpu_check *c, const berth_get_rows_params *p)
-{
-    static const char op[] = "get_rows";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_get_rows_params, y)))
-        return false;
-    if (!ck_tensor(c, op, "table", &p->table, CPU_WEIGHT_DTYPES, false) ||
-        !ck_tensor(c, op, "ids", &p->ids, CPU_I32, false) || !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true))
-        return false;
-    if (p->table.ne[2] != 1 || p->table.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "get_rows: table must be 2-D ne {D, N}");
-    if (!ck_vector(c, op, "ids", &p->ids, -1))
-        return false;
-    if (p->y.ne[0] != p->table.ne[0])
-        return ck_fail(c, BERTH_E_INVALID, "get_rows: y ne[0] = %" PRId64 " but table ne[0] (D) = %" PRId64,
-                       p->y.ne[0], p->table.ne[0]);
-    if (cpu_nrows(&p->y) != p->ids.ne[0])
-        return ck_fail(c, BERTH_E_INVALID, "get_rows: y has %" PRId64 " rows but ids has %" PRId64 " entries",
-                       cpu_nrows(&p->y), p->ids.ne[0]);
-    return true;
-}
-
 static void get_rows_range(const void *arg, int64_t t0, int64_t t1)
 {
     const berth_get_rows_params *p = arg;
@@ -53,10 +32,10 @@ berth_status cpu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get
         const int32_t id = cpu_i32_at(&p->ids, t);
         if (id < 0 || id >= p->table.ne[1]) {
             CPU_OP_END(be);
-            struct cpu_check c = {0};
-            ck_fail(&c, BERTH_E_INVALID, "get_rows: ids[%" PRId64 "] = %d is outside the table's %" PRId64 " rows", t,
-                    id, p->table.ne[1]);
-            return ck_report(be, &c);
+            struct opck c = {0};
+            opck_fail(&c, BERTH_E_INVALID, "get_rows: ids[%" PRId64 "] = %d is outside the table's %" PRId64 " rows", t,
+                      id, p->table.ne[1]);
+            return cpu_report(be, &c);
         }
     }
     cpu_parallel_for(be, p->ids.ne[0], (double)p->table.ne[0], get_rows_range, p);
@@ -66,17 +45,6 @@ berth_status cpu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get
 
 /* ---------------------------------------------------------------------------------------------------------
  * unary: y = out_scale * f(in_scale * x) */
-
-bool cpu_check_unary(struct cpu_check *c, const berth_unary_params *p)
-{
-    static const char op[] = "unary";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_unary_params, y)))
-        return false;
-    if (!cpu_act_valid(p->act))
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "unary: activation %d is not supported", p->act);
-    return ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) &&
-           ck_same_shape(c, op, "y", &p->y, "x", &p->x);
-}
 
 /* f(x) on 16 lanes for the activations that have a vector form (true), else false. GELU-tanh as
  * x * sigmoid(2z), the same function as 0.5 x (1 + tanh z) without its cancellation for negative x. */
@@ -145,18 +113,6 @@ berth_status cpu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_
 /* ---------------------------------------------------------------------------------------------------------
  * glu: y = f(gate) * up */
 
-bool cpu_check_glu(struct cpu_check *c, const berth_glu_params *p)
-{
-    static const char op[] = "glu";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_glu_params, y)))
-        return false;
-    if (!cpu_act_valid(p->act))
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "glu: activation %d is not supported", p->act);
-    return ck_tensor(c, op, "gate", &p->gate, CPU_ACT_DTYPES, false) &&
-           ck_tensor(c, op, "up", &p->up, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) &&
-           ck_same_shape(c, op, "up", &p->up, "gate", &p->gate) && ck_same_shape(c, op, "y", &p->y, "gate", &p->gate);
-}
-
 static void glu_range(const void *arg, int64_t r0, int64_t r1)
 {
     const berth_glu_params *p = arg;
@@ -178,23 +134,6 @@ berth_status cpu_op_glu(berth_backend *be, berth_stream *s, const berth_glu_para
 /* ---------------------------------------------------------------------------------------------------------
  * binary: y = a + scale*b or a*b*scale, b broadcast over dims where its ne is 1. b may be any weight dtype
  * (per-layer scalars and scale vectors come straight from checkpoints). */
-
-bool cpu_check_binary(struct cpu_check *c, const berth_binary_params *p)
-{
-    static const char op[] = "binary";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_binary_params, y)))
-        return false;
-    if (p->op != BERTH_BINARY_ADD && p->op != BERTH_BINARY_MUL)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "binary: op %d is not supported", p->op);
-    if (!ck_tensor(c, op, "a", &p->a, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "b", &p->b, CPU_WEIGHT_DTYPES, false) ||
-        !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) || !ck_same_shape(c, op, "y", &p->y, "a", &p->a))
-        return false;
-    for (int i = 0; i < 4; i++)
-        if (p->b.ne[i] != 1 && p->b.ne[i] != p->a.ne[i])
-            return ck_fail(c, BERTH_E_INVALID, "binary: b ne[%d] = %" PRId64 " must be 1 or a's %" PRId64, i,
-                           p->b.ne[i], p->a.ne[i]);
-    return true;
-}
 
 static void binary_range(const void *arg, int64_t r0, int64_t r1)
 {
@@ -227,15 +166,6 @@ berth_status cpu_op_binary(berth_backend *be, berth_stream *s, const berth_binar
 /* ---------------------------------------------------------------------------------------------------------
  * copy: y = x with dtype conversion, any outer strides on both sides. */
 
-bool cpu_check_copy(struct cpu_check *c, const berth_copy_params *p)
-{
-    static const char op[] = "copy";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_copy_params, y)))
-        return false;
-    return ck_tensor(c, op, "x", &p->x, CPU_WEIGHT_DTYPES, false) && ck_tensor(c, op, "y", &p->y, CPU_WEIGHT_DTYPES, true) &&
-           ck_same_shape(c, op, "y", &p->y, "x", &p->x);
-}
-
 static void copy_range(const void *arg, int64_t r0, int64_t r1)
 {
     const berth_copy_params *p = arg;
@@ -244,7 +174,7 @@ static void copy_range(const void *arg, int64_t r0, int64_t r1)
         const char *x = cpu_row(&p->x, r);
         char *y = cpu_row(&p->y, r);
         if (p->x.dtype == p->y.dtype)
-            memmove(y, x, (size_t)n * cpu_dtype_size(p->x.dtype));
+            memmove(y, x, (size_t)n * opck_dtype_size(p->x.dtype));
         else if (p->x.dtype == BERTH_DTYPE_F32)
             cpu_store_row(y, p->y.dtype, (const float *)x, n);
         else if (p->y.dtype == BERTH_DTYPE_F32)

@@ -18,85 +18,41 @@
 #include "cpu_backend.h"
 #include "simd.h"
 
-#define CONV_MAX_K 64 /* kernel width limit (the sliding window lives on the stack) */
-
 /* seq_q_start rises from 0 to T and state_slots name slots of the pool. */
-static bool check_seq_layout(struct cpu_check *c, const char *op, const berth_tensor *seq_q_start,
+static bool check_seq_layout(struct opck *c, const char *op, const berth_tensor *seq_q_start,
                              const berth_tensor *state_slots, int32_t n_seqs, int64_t T, int64_t n_slots)
 {
     for (int32_t i = 0; i < n_seqs; i++) {
         const int32_t q0 = cpu_i32_at(seq_q_start, i), q1 = cpu_i32_at(seq_q_start, i + 1);
         if ((i == 0 && q0 != 0) || q1 < q0 || q1 > T || (i + 1 == n_seqs && q1 != T))
-            return ck_fail(c, BERTH_E_INVALID, "%s: seq_q_start must rise from 0 to T = %" PRId64 " (seq %d: [%d, %d))",
-                           op, T, i, q0, q1);
+            return opck_fail(c, BERTH_E_INVALID,
+                             "%s: seq_q_start must rise from 0 to T = %" PRId64 " (seq %d: [%d, %d))", op, T, i, q0, q1);
         const int32_t slot = cpu_i32_at(state_slots, i);
         if (slot < 0 || slot >= n_slots)
-            return ck_fail(c, BERTH_E_INVALID, "%s: state_slots[%d] = %d is not a slot of the pool (0..%" PRId64 ")",
-                           op, i, slot, n_slots - 1);
+            return opck_fail(c, BERTH_E_INVALID, "%s: state_slots[%d] = %d is not a slot of the pool (0..%" PRId64 ")",
+                             op, i, slot, n_slots - 1);
     }
     if (n_seqs == 0 && T > 0)
-        return ck_fail(c, BERTH_E_INVALID, "%s: %" PRId64 " tokens but no sequence", op, T);
+        return opck_fail(c, BERTH_E_INVALID, "%s: %" PRId64 " tokens but no sequence", op, T);
     return true;
-}
-
-static bool check_seq_tensors(struct cpu_check *c, const char *op, const berth_tensor *seq_q_start,
-                              const berth_tensor *state_slots, int32_t n_seqs)
-{
-    if (n_seqs < 0)
-        return ck_fail(c, BERTH_E_INVALID, "%s: n_seqs %d is negative", op, n_seqs);
-    return ck_tensor(c, op, "state_slots", state_slots, CPU_I32, false) &&
-           ck_vector(c, op, "state_slots", state_slots, n_seqs) &&
-           ck_tensor(c, op, "seq_q_start", seq_q_start, CPU_I32, false) &&
-           ck_vector(c, op, "seq_q_start", seq_q_start, (int64_t)n_seqs + 1);
 }
 
 /* ---------------------------------------------------------------------------------------------------------
  * conv1d_causal */
-
-bool cpu_check_conv1d_causal(struct cpu_check *c, const berth_conv1d_causal_params *p)
-{
-    static const char op[] = "conv1d_causal";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_conv1d_causal_params, seq_q_start)))
-        return false;
-    if (!cpu_act_valid(p->act))
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "conv1d_causal: activation %d is not supported", p->act);
-    if (!ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "w", &p->w, CPU_WEIGHT_DTYPES, false) ||
-        !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) || !ck_tensor(c, op, "state", &p->state, CPU_F32, true) ||
-        !check_seq_tensors(c, op, &p->seq_q_start, &p->state_slots, p->n_seqs))
-        return false;
-    const int64_t C = p->x.ne[0], K = p->w.ne[0];
-    if (p->x.ne[2] != 1 || p->x.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "conv1d_causal: x must be 2-D ne {C, T}");
-    if (!ck_same_shape(c, op, "y", &p->y, "x", &p->x))
-        return false;
-    if (p->w.ne[1] != C || p->w.ne[2] != 1 || p->w.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "conv1d_causal: w must be ne {K, C %" PRId64 "}, got ne[1] = %" PRId64, C,
-                       p->w.ne[1]);
-    if (K < 1 || K > CONV_MAX_K)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "conv1d_causal: kernel width %" PRId64 " is not in 1..%d", K,
-                       CONV_MAX_K);
-    if (p->state.ne[0] != K - 1 || p->state.ne[1] != C || p->state.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "conv1d_causal: state must be ne {K-1 %" PRId64 ", C %" PRId64
-                       ", n_slots}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", K - 1, C,
-                       p->state.ne[0], p->state.ne[1], p->state.ne[2], p->state.ne[3]);
-    if (ck_present(c, &p->bias))
-        return ck_tensor(c, op, "bias", &p->bias, CPU_WEIGHT_DTYPES, false) && ck_vector(c, op, "bias", &p->bias, C);
-    return true;
-}
 
 static void conv_range(const void *arg, int64_t c0, int64_t c1)
 {
     const berth_conv1d_causal_params *p = arg;
     const int64_t K = p->w.ne[0];
     for (int64_t ch = c0; ch < c1; ch++) {
-        float w[CONV_MAX_K];
+        float w[CPU_CONV_MAX_K];
         cpu_load_row(w, cpu_data(&p->w) + ch * p->w.nb[1], p->w.dtype, K);
         const float bias = p->bias.buf ? cpu_load(cpu_data(&p->bias), p->bias.dtype, ch) : 0.0f;
         for (int32_t i = 0; i < p->n_seqs; i++) {
             const int32_t q0 = cpu_i32_at(&p->seq_q_start, i), q1 = cpu_i32_at(&p->seq_q_start, i + 1);
             float *state = (float *)(cpu_data(&p->state) + ch * p->state.nb[1] +
                                      cpu_i32_at(&p->state_slots, i) * p->state.nb[2]);
-            float win[CONV_MAX_K]; /* win[0..K-2]: previous inputs, oldest first; win[K-1]: current */
+            float win[CPU_CONV_MAX_K]; /* win[0..K-2]: previous inputs, oldest first; win[K-1]: current */
             memcpy(win, state, (size_t)(K - 1) * sizeof *win);
             for (int32_t t = q0; t < q1; t++) {
                 win[K - 1] = ((const float *)(cpu_data(&p->x) + t * p->x.nb[1]))[ch];
@@ -114,11 +70,11 @@ static void conv_range(const void *arg, int64_t c0, int64_t c1)
 berth_status cpu_op_conv1d_causal(berth_backend *be, berth_stream *s, const berth_conv1d_causal_params *p)
 {
     CPU_OP_BEGIN(be, conv1d_causal, p);
-    struct cpu_check ck = {0};
+    struct opck ck = {0};
     berth_status st = BERTH_OK;
     if (!check_seq_layout(&ck, "conv1d_causal", &p->seq_q_start, &p->state_slots, p->n_seqs, p->x.ne[1],
                           p->state.ne[2]))
-        st = ck_report(be, &ck);
+        st = cpu_report(be, &ck);
     else
         cpu_parallel_for(be, p->x.ne[0], 4.0 * (double)p->x.ne[1] * (double)p->w.ne[0], conv_range, p);
     CPU_OP_END(be);
@@ -127,45 +83,6 @@ berth_status cpu_op_conv1d_causal(berth_backend *be, berth_stream *s, const bert
 
 /* ---------------------------------------------------------------------------------------------------------
  * gated_delta */
-
-bool cpu_check_gated_delta(struct cpu_check *c, const berth_gated_delta_params *p)
-{
-    static const char op[] = "gated_delta";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_gated_delta_params, seq_q_start)))
-        return false;
-    if (p->qk_l2norm != 0 && p->qk_l2norm != 1)
-        return ck_fail(c, BERTH_E_INVALID, "gated_delta: qk_l2norm = %d must be 0 or 1", p->qk_l2norm);
-    if (p->chunk_size < 0)
-        return ck_fail(c, BERTH_E_INVALID, "gated_delta: chunk_size %d is negative", p->chunk_size);
-    static const char *const names[] = {"q", "k", "v", "g", "beta", "out"};
-    const berth_tensor *ts[] = {&p->q, &p->k, &p->v, &p->g, &p->beta, &p->out};
-    for (int i = 0; i < 6; i++)
-        if (!ck_tensor(c, op, names[i], ts[i], CPU_ACT_DTYPES, i == 5))
-            return false;
-    if (!ck_tensor(c, op, "state", &p->state, CPU_F32, true) ||
-        !check_seq_tensors(c, op, &p->seq_q_start, &p->state_slots, p->n_seqs))
-        return false;
-    const int64_t dk = p->q.ne[0], Hk = p->q.ne[1], T = p->q.ne[2], dv = p->v.ne[0], Hv = p->v.ne[1];
-    if (p->q.ne[3] != 1 || !ck_same_shape(c, op, "k", &p->k, "q", &p->q))
-        return p->q.ne[3] != 1 ? ck_fail(c, BERTH_E_INVALID, "gated_delta: q must be ne {d_k, n_k_heads, T}") : false;
-    if (p->v.ne[2] != T || p->v.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "gated_delta: v must be ne {d_v, n_v_heads, T %" PRId64 "}", T);
-    if (!ck_same_shape(c, op, "out", &p->out, "v", &p->v))
-        return false;
-    if (Hk < 1 || Hv % Hk != 0)
-        return ck_fail(c, BERTH_E_INVALID, "gated_delta: n_v_heads %" PRId64 " is not a multiple of n_k_heads %" PRId64,
-                       Hv, Hk);
-    const berth_tensor *gb[2] = {&p->g, &p->beta};
-    for (int i = 0; i < 2; i++)
-        if (gb[i]->ne[0] != Hv || gb[i]->ne[1] != T || gb[i]->ne[2] != 1 || gb[i]->ne[3] != 1)
-            return ck_fail(c, BERTH_E_INVALID, "gated_delta: %s must be ne {n_v_heads %" PRId64 ", T %" PRId64 "}",
-                           i ? "beta" : "g", Hv, T);
-    if (p->state.ne[0] != dv || p->state.ne[1] != dk || p->state.ne[2] != Hv)
-        return ck_fail(c, BERTH_E_INVALID, "gated_delta: state must be ne {d_v %" PRId64 ", d_k %" PRId64
-                       ", n_v_heads %" PRId64 ", n_slots}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}",
-                       dv, dk, Hv, p->state.ne[0], p->state.ne[1], p->state.ne[2], p->state.ne[3]);
-    return true;
-}
 
 struct delta_ctx {
     const berth_gated_delta_params *p;
@@ -232,11 +149,11 @@ static void delta_task(void *arg, int tid, int nth)
 berth_status cpu_op_gated_delta(berth_backend *be, berth_stream *s, const berth_gated_delta_params *p)
 {
     CPU_OP_BEGIN(be, gated_delta, p);
-    struct cpu_check ck = {0};
+    struct opck ck = {0};
     berth_status st = BERTH_OK;
     const int64_t dk = p->q.ne[0], dv = p->v.ne[0], Hv = p->v.ne[1], T = p->q.ne[2];
     if (!check_seq_layout(&ck, "gated_delta", &p->seq_q_start, &p->state_slots, p->n_seqs, T, p->state.ne[3])) {
-        st = ck_report(be, &ck);
+        st = cpu_report(be, &ck);
     } else {
         st = cpu_scratch_threads(be, (size_t)(2 * dk + 3 * dv) * sizeof(float));
         if (st == BERTH_OK && Hv > 0) {

@@ -12,61 +12,6 @@
 
 #define KV_ROPE_CHUNK 64
 
-bool cpu_check_kv_append(struct cpu_check *c, const berth_kv_append_params *p)
-{
-    static const char op[] = "kv_append";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_kv_append_params, kv)))
-        return false;
-    const berth_kv_view *kv = &p->kv;
-    if (!ck_kv_view(c, op, kv))
-        return false;
-    if (c->exec && (kv->k_buf->read_only || kv->v_buf->read_only))
-        return ck_fail(c, BERTH_E_INVALID, "kv_append: the KV cache is in a read-only buffer");
-    if (!ck_tensor(c, op, "k", &p->k, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "v", &p->v, CPU_ACT_DTYPES, false) ||
-        !ck_tensor(c, op, "slots", &p->slots, CPU_I32, false))
-        return false;
-    const int64_t T = p->k.ne[2];
-    if (p->k.ne[0] != kv->head_dim || p->k.ne[1] != kv->n_kv_heads || p->k.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID,
-                       "kv_append: k must be ne {head_dim %d, n_kv_heads %d, T}, got {%" PRId64 ", %" PRId64 ", %" PRId64
-                       ", %" PRId64 "}", kv->head_dim, kv->n_kv_heads, p->k.ne[0], p->k.ne[1], p->k.ne[2], p->k.ne[3]);
-    if (p->v.ne[0] != kv->head_dim_v || p->v.ne[1] != kv->n_kv_heads || p->v.ne[2] != T || p->v.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID,
-                       "kv_append: v must be ne {head_dim_v %d, n_kv_heads %d, T %" PRId64 "}, got {%" PRId64
-                       ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", kv->head_dim_v, kv->n_kv_heads, T, p->v.ne[0],
-                       p->v.ne[1], p->v.ne[2], p->v.ne[3]);
-    if (!ck_vector(c, op, "slots", &p->slots, T))
-        return false;
-    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_UNIT)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: k_norm_mode %d is not supported", p->k_norm_mode);
-    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_UNIT)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: v_norm_mode %d is not supported", p->v_norm_mode);
-    if (cpu_norm_has_weight(p->k_norm_mode) && !ck_present(c, &p->k_norm))
-        return ck_fail(c, BERTH_E_INVALID, "kv_append: k_norm_mode %d needs the k_norm weight, which is absent",
-                       p->k_norm_mode);
-    if (cpu_norm_has_weight(p->v_norm_mode) && !ck_present(c, &p->v_norm))
-        return ck_fail(c, BERTH_E_INVALID, "kv_append: v_norm_mode %d needs the v_norm weight, which is absent",
-                       p->v_norm_mode);
-    if (cpu_norm_has_weight(p->k_norm_mode) &&
-        (!ck_tensor(c, op, "k_norm", &p->k_norm, CPU_WEIGHT_DTYPES, false) ||
-         !ck_vector(c, op, "k_norm", &p->k_norm, kv->head_dim)))
-        return false;
-    if (cpu_norm_has_weight(p->v_norm_mode) &&
-        (!ck_tensor(c, op, "v_norm", &p->v_norm, CPU_WEIGHT_DTYPES, false) ||
-         !ck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
-        return false;
-    if (p->rope_n_pairs != 0) {
-        if (!cpu_check_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim))
-            return false;
-        if (!ck_tensor(c, op, "positions", &p->positions, CPU_I32, false) ||
-            !ck_vector(c, op, "positions", &p->positions, T) ||
-            !ck_tensor(c, op, "rope_freqs", &p->rope_freqs, CPU_F32, false) ||
-            !ck_vector(c, op, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
-            return false;
-    }
-    return true;
-}
-
 /* Normalise, rotate and store one head vector: src (n f32) -> dst (cache dtype), via the f32 buffer tmp. */
 static void kv_store_head(const berth_kv_append_params *p, const float *src, int64_t n, int32_t norm_mode,
                           const berth_tensor *norm_w, int rotate, const float *cs, const float *sn, float *tmp,
@@ -78,7 +23,7 @@ static void kv_store_head(const berth_kv_append_params *p, const float *src, int
     }
     memcpy(tmp, src, (size_t)n * sizeof *tmp);
     if (norm_mode != BERTH_NORM_W_NONE) /* UNIT: normalise, no weight (norm_w may be absent) */
-        cpu_rms_norm_row(tmp, n, p->eps, norm_mode, cpu_norm_has_weight(norm_mode) ? cpu_data(norm_w) : NULL,
+        cpu_rms_norm_row(tmp, n, p->eps, norm_mode, opck_norm_has_weight(norm_mode) ? cpu_data(norm_w) : NULL,
                          norm_w->dtype);
     if (rotate)
         for (int32_t j0 = 0; j0 < p->rope_n_pairs; j0 += KV_ROPE_CHUNK) {
@@ -142,10 +87,10 @@ berth_status cpu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv
     for (int64_t t = 0; t < T; t++) {
         const int32_t slot = cpu_i32_at(&p->slots, t);
         if (slot >= capacity) {
-            struct cpu_check c = {0};
-            ck_fail(&c, BERTH_E_INVALID, "kv_append: slots[%" PRId64 "] = %d is outside the pool (0..%" PRId64 ")",
-                    t, slot, capacity - 1);
-            st = ck_report(be, &c);
+            struct opck c = {0};
+            opck_fail(&c, BERTH_E_INVALID, "kv_append: slots[%" PRId64 "] = %d is outside the pool (0..%" PRId64 ")",
+                      t, slot, capacity - 1);
+            st = cpu_report(be, &c);
             goto out;
         }
     }

@@ -76,35 +76,6 @@ const struct mm_kernels *mm_kernels_by_name(const char *isa)
     return NULL;
 }
 
-bool cpu_check_matmul(struct cpu_check *c, const berth_matmul_params *p)
-{
-    static const char op[] = "matmul";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_matmul_params, y)))
-        return false;
-    if (!ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "w", &p->w, CPU_WEIGHT_DTYPES, false) ||
-        !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true))
-        return false;
-    const int64_t K = p->w.ne[0], N = p->w.ne[1];
-    if (p->w.ne[2] != 1 || p->w.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "matmul: w must be 2-D ne {K, N}, got ne[2] = %" PRId64 ", ne[3] = %" PRId64,
-                       p->w.ne[2], p->w.ne[3]);
-    if (N > 1 && p->w.nb[1] != K * p->w.nb[0])
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "matmul: w must be packed (nb[1] = %" PRId64 ", expected %" PRId64 ")",
-                       p->w.nb[1], K * p->w.nb[0]);
-    if (p->x.ne[0] != K)
-        return ck_fail(c, BERTH_E_INVALID, "matmul: x ne[0] = %" PRId64 " but w ne[0] (K) = %" PRId64, p->x.ne[0], K);
-    if (p->y.ne[0] != N)
-        return ck_fail(c, BERTH_E_INVALID, "matmul: y ne[0] = %" PRId64 " but w ne[1] (N) = %" PRId64, p->y.ne[0], N);
-    if (cpu_nrows(&p->y) != cpu_nrows(&p->x))
-        return ck_fail(c, BERTH_E_INVALID, "matmul: y has %" PRId64 " rows but x has %" PRId64, cpu_nrows(&p->y),
-                       cpu_nrows(&p->x));
-    if (p->accumulate != 0 && p->accumulate != 1)
-        return ck_fail(c, BERTH_E_INVALID, "matmul: accumulate = %d must be 0 or 1", p->accumulate);
-    if (ck_present(c, &p->bias))
-        return ck_tensor(c, op, "bias", &p->bias, CPU_WEIGHT_DTYPES, false) && ck_vector(c, op, "bias", &p->bias, N);
-    return true;
-}
-
 struct mm_ctx {
     const struct mm_kernels *k;
     struct mm_job job;

@@ -8,28 +8,6 @@
 #include "cpu_backend.h"
 #include "simd.h"
 
-/* Checks shared by rms_norm and layer_norm: x/y/residual f32 of one shape, the residual mode. */
-static bool check_norm_common(struct cpu_check *c, const char *op, int32_t resid_mode, const berth_tensor *x,
-                              const berth_tensor *residual, const berth_tensor *y)
-{
-    if (resid_mode < BERTH_RESID_NONE || resid_mode > BERTH_RESID_ADD_BEFORE)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "%s: resid_mode %d is not supported", op, resid_mode);
-    if (!ck_tensor(c, op, "x", x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "y", y, CPU_ACT_DTYPES, true) ||
-        !ck_same_shape(c, op, "y", y, "x", x))
-        return false;
-    if (resid_mode != BERTH_RESID_NONE)
-        return ck_tensor(c, op, "residual", residual, CPU_ACT_DTYPES, resid_mode == BERTH_RESID_ADD_BEFORE) &&
-               ck_same_shape(c, op, "residual", residual, "x", x);
-    return true;
-}
-
-/* A per-feature vector (norm weight or bias) of n elements, any weight dtype. */
-static bool check_feature_vector(struct cpu_check *c, const char *op, const char *name, const berth_tensor *t,
-                                 int64_t n)
-{
-    return ck_tensor(c, op, name, t, CPU_WEIGHT_DTYPES, false) && ck_vector(c, op, name, t, n);
-}
-
 void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const void *w, berth_dtype wdt)
 {
     const float inv = 1.0f / sqrtf(cpu_sumsq(v, n) / (float)n + eps);
@@ -47,25 +25,11 @@ void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const
 /* ---------------------------------------------------------------------------------------------------------
  * rms_norm */
 
-bool cpu_check_rms_norm(struct cpu_check *c, const berth_rms_norm_params *p)
-{
-    static const char op[] = "rms_norm";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rms_norm_params, y)))
-        return false;
-    if (p->weight_mode < BERTH_NORM_W_NONE || p->weight_mode > BERTH_NORM_UNIT)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: weight_mode %d is not supported", p->weight_mode);
-    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
-        return false;
-    if (cpu_norm_has_weight(p->weight_mode)) /* W_NONE and UNIT: no weight */
-        return check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
-    return true;
-}
-
 static void rms_norm_range(const void *arg, int64_t r0, int64_t r1)
 {
     const berth_rms_norm_params *p = arg;
     const int64_t n = p->x.ne[0];
-    const void *w = cpu_norm_has_weight(p->weight_mode) ? cpu_data(&p->w) : NULL;
+    const void *w = opck_norm_has_weight(p->weight_mode) ? cpu_data(&p->w) : NULL;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = (const float *)cpu_row(&p->x, r);
         float *y = (float *)cpu_row(&p->y, r);
@@ -98,20 +62,6 @@ berth_status cpu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms
 
 /* ---------------------------------------------------------------------------------------------------------
  * layer_norm */
-
-bool cpu_check_layer_norm(struct cpu_check *c, const berth_layer_norm_params *p)
-{
-    static const char op[] = "layer_norm";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_layer_norm_params, y)))
-        return false;
-    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
-        return false;
-    if (ck_present(c, &p->w) && !check_feature_vector(c, op, "w", &p->w, p->x.ne[0]))
-        return false;
-    if (ck_present(c, &p->b) && !check_feature_vector(c, op, "b", &p->b, p->x.ne[0]))
-        return false;
-    return true;
-}
 
 static void layer_norm_range(const void *arg, int64_t r0, int64_t r1)
 {
@@ -158,18 +108,6 @@ berth_status cpu_op_layer_norm(berth_backend *be, berth_stream *s, const berth_l
 
 /* ---------------------------------------------------------------------------------------------------------
  * gated_rms_norm: y = rmsnorm(x) * w * f(z) */
-
-bool cpu_check_gated_rms_norm(struct cpu_check *c, const berth_gated_rms_norm_params *p)
-{
-    static const char op[] = "gated_rms_norm";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_gated_rms_norm_params, y)))
-        return false;
-    if (!cpu_act_valid(p->act))
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "gated_rms_norm: activation %d is not supported", p->act);
-    return ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) && ck_tensor(c, op, "z", &p->z, CPU_ACT_DTYPES, false) &&
-           ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) && ck_same_shape(c, op, "z", &p->z, "x", &p->x) &&
-           ck_same_shape(c, op, "y", &p->y, "x", &p->x) && check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
-}
 
 static void gated_rms_norm_range(const void *arg, int64_t r0, int64_t r1)
 {

@@ -9,23 +9,6 @@
 
 #include "cpu_backend.h"
 
-bool cpu_check_rope_pairs(struct cpu_check *c, const char *op, int32_t mode, int32_t pair_offset, int32_t n_pairs,
-                          int64_t d)
-{
-    if (mode != BERTH_ROPE_HALF && mode != BERTH_ROPE_INTERLEAVED)
-        return ck_fail(c, BERTH_E_UNSUPPORTED, "%s: rope mode %d is not supported", op, mode);
-    if (n_pairs < 0)
-        return ck_fail(c, BERTH_E_INVALID, "%s: n_pairs %d is negative", op, n_pairs);
-    if (mode == BERTH_ROPE_INTERLEAVED && 2 * (int64_t)n_pairs > d)
-        return ck_fail(c, BERTH_E_INVALID, "%s: %d interleaved pairs need head dim >= %d, got %" PRId64, op, n_pairs,
-                       2 * n_pairs, d);
-    if (mode == BERTH_ROPE_HALF && n_pairs > 0 && (pair_offset < n_pairs || (int64_t)pair_offset + n_pairs > d))
-        return ck_fail(c, BERTH_E_INVALID,
-                       "%s: pair_offset %d with %d pairs needs n_pairs <= pair_offset and pair_offset + n_pairs <= "
-                       "head dim %" PRId64, op, pair_offset, n_pairs, d);
-    return true;
-}
-
 void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs, const float *cs, const float *sn)
 {
     const int64_t stride = mode == BERTH_ROPE_HALF ? 1 : 2;
@@ -36,26 +19,6 @@ void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs
         *a = x0 * cs[j] - x1 * sn[j];
         *b = x1 * cs[j] + x0 * sn[j];
     }
-}
-
-bool cpu_check_rope(struct cpu_check *c, const berth_rope_params *p)
-{
-    static const char op[] = "rope";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rope_params, y)))
-        return false;
-    if (!ck_tensor(c, op, "x", &p->x, CPU_ACT_DTYPES, false) || !ck_tensor(c, op, "y", &p->y, CPU_ACT_DTYPES, true) ||
-        !ck_same_shape(c, op, "y", &p->y, "x", &p->x))
-        return false;
-    if (p->x.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "rope: x must be ne {d, heads, T}, got ne[3] = %" PRId64, p->x.ne[3]);
-    if (!cpu_check_rope_pairs(c, op, p->mode, p->pair_offset, p->n_pairs, p->x.ne[0]))
-        return false;
-    if (!ck_tensor(c, op, "positions", &p->positions, CPU_I32, false) ||
-        !ck_vector(c, op, "positions", &p->positions, p->x.ne[2]))
-        return false;
-    if (p->n_pairs > 0)
-        return ck_tensor(c, op, "freqs", &p->freqs, CPU_F32, false) && ck_vector(c, op, "freqs", &p->freqs, p->n_pairs);
-    return true;
 }
 
 #define ROPE_CHUNK 64 /* pairs whose cos/sin are computed at once (stack arrays) */

@@ -137,31 +137,6 @@ static float log_sum_exp(const float *v, int64_t n)
 /* ---------------------------------------------------------------------------------------------------------
  * log_softmax_topk */
 
-bool cpu_check_log_softmax_topk(struct cpu_check *c, const berth_log_softmax_topk_params *p)
-{
-    static const char op[] = "log_softmax_topk";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_log_softmax_topk_params, indices)))
-        return false;
-    if (!ck_tensor(c, op, "logits", &p->logits, CPU_F32, false) ||
-        !ck_tensor(c, op, "values", &p->values, CPU_F32, true) ||
-        !ck_tensor(c, op, "indices", &p->indices, CPU_I32, true))
-        return false;
-    const int64_t V = p->logits.ne[0], R = p->logits.ne[1];
-    if (p->logits.ne[2] != 1 || p->logits.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "log_softmax_topk: logits must be 2-D ne {V, R}");
-    if (p->k < 1 || p->k > V)
-        return ck_fail(c, BERTH_E_INVALID, "log_softmax_topk: k = %d must be in 1..V (%" PRId64 ")", p->k, V);
-    const berth_tensor *outs[2] = {&p->values, &p->indices};
-    for (int i = 0; i < 2; i++)
-        if (outs[i]->ne[0] != p->k || outs[i]->ne[1] != R || outs[i]->ne[2] != 1 || outs[i]->ne[3] != 1)
-            return ck_fail(c, BERTH_E_INVALID, "log_softmax_topk: %s must be ne {k %d, R %" PRId64 "}",
-                           i ? "indices" : "values", p->k, R);
-    if (ck_present(c, &p->row_bias))
-        return ck_tensor(c, op, "row_bias", &p->row_bias, CPU_F32, false) &&
-               ck_vector(c, op, "row_bias", &p->row_bias, R);
-    return true;
-}
-
 struct lst_ctx {
     const berth_log_softmax_topk_params *p;
     berth_backend *be;
@@ -207,40 +182,6 @@ berth_status cpu_op_log_softmax_topk(berth_backend *be, berth_stream *st, const 
 
 /* ---------------------------------------------------------------------------------------------------------
  * sample */
-
-bool cpu_check_sample(struct cpu_check *c, const berth_sample_params *p)
-{
-    static const char op[] = "sample";
-    if (!ck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_sample_params, top_logprobs)))
-        return false;
-    if (!ck_tensor(c, op, "logits", &p->logits, CPU_F32, false) || !ck_tensor(c, op, "ids", &p->ids, CPU_I32, true))
-        return false;
-    const int64_t V = p->logits.ne[0], R = p->logits.ne[1];
-    if (p->logits.ne[2] != 1 || p->logits.ne[3] != 1)
-        return ck_fail(c, BERTH_E_INVALID, "sample: logits must be 2-D ne {V, R}");
-    if (p->n_rows != R)
-        return ck_fail(c, BERTH_E_INVALID, "sample: n_rows %d differs from logits' %" PRId64 " rows", p->n_rows, R);
-    if (V < 1 || V > INT32_MAX)
-        return ck_fail(c, BERTH_E_INVALID, "sample: vocabulary size %" PRId64 " is out of range", V);
-    if (!ck_vector(c, op, "ids", &p->ids, R))
-        return false;
-    if (ck_present(c, &p->logprob) &&
-        (!ck_tensor(c, op, "logprob", &p->logprob, CPU_F32, true) || !ck_vector(c, op, "logprob", &p->logprob, R)))
-        return false;
-    if (p->n_top < 0 || p->n_top > V)
-        return ck_fail(c, BERTH_E_INVALID, "sample: n_top = %d must be in 0..V (%" PRId64 ")", p->n_top, V);
-    if (p->n_top > 0) {
-        if (!ck_tensor(c, op, "top_ids", &p->top_ids, CPU_I32, true) ||
-            !ck_tensor(c, op, "top_logprobs", &p->top_logprobs, CPU_F32, true))
-            return false;
-        const berth_tensor *outs[2] = {&p->top_ids, &p->top_logprobs};
-        for (int i = 0; i < 2; i++)
-            if (outs[i]->ne[0] != p->n_top || outs[i]->ne[1] != R || outs[i]->ne[2] != 1 || outs[i]->ne[3] != 1)
-                return ck_fail(c, BERTH_E_INVALID, "sample: %s must be ne {n_top %d, R %" PRId64 "}",
-                               i ? "top_logprobs" : "top_ids", p->n_top, R);
-    }
-    return true;
-}
 
 struct sample_ctx {
     const berth_sample_params *p;
@@ -423,25 +364,25 @@ static void sample_task(void *arg, int tid, int nth)
 }
 
 /* Host-side per-row parameters and history: validated before any thread uses them. */
-static bool check_sample_rows(struct cpu_check *c, const berth_sample_params *p, int64_t V, int64_t *max_hist)
+static bool check_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist)
 {
     *max_hist = 0;
     for (int32_t r = 0; r < p->n_rows; r++) {
         if (p->repetition_penalty && !(p->repetition_penalty[r] > 0.0f))
-            return ck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
-                           (double)p->repetition_penalty[r]);
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
+                             (double)p->repetition_penalty[r]);
         if (!p->history_start)
             continue;
         const int32_t h0 = p->history_start[r], h1 = p->history_start[r + 1];
         if (h0 < 0 || h1 < h0)
-            return ck_fail(c, BERTH_E_INVALID, "sample: history_start[%d..%d] = %d, %d is not a valid range", r, r + 1,
-                           h0, h1);
+            return opck_fail(c, BERTH_E_INVALID, "sample: history_start[%d..%d] = %d, %d is not a valid range", r,
+                             r + 1, h0, h1);
         if (h1 > h0 && !p->history)
-            return ck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
         for (int32_t i = h0; i < h1; i++)
             if (p->history[i] < 0 || p->history[i] >= V)
-                return ck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")", i,
-                               p->history[i], V);
+                return opck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")", i,
+                                 p->history[i], V);
         if (h1 - h0 > *max_hist)
             *max_hist = h1 - h0;
     }
@@ -452,11 +393,11 @@ berth_status cpu_op_sample(berth_backend *be, berth_stream *s, const berth_sampl
 {
     CPU_OP_BEGIN(be, sample, p);
     const int64_t V = p->logits.ne[0];
-    struct cpu_check ck = {0};
+    struct opck ck = {0};
     int64_t max_hist;
     berth_status st = BERTH_OK;
     if (!check_sample_rows(&ck, p, V, &max_hist)) {
-        st = ck_report(be, &ck);
+        st = cpu_report(be, &ck);
     } else {
         st = cpu_scratch_threads(be, (size_t)(4 * V + max_hist) * sizeof(float));
         if (st == BERTH_OK && p->n_rows > 0) {

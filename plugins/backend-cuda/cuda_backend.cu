@@ -1,15 +1,7 @@
 /*
- * cuda_backend.cu — the CUDA backend plugin: device probe, device info, context, streams and buffers.
- *
- * What is here is real and complete for its scope: probing (cudaGetDeviceCount, tolerant of a missing driver or
- * GPU), device description (cudaGetDeviceProperties), a per-device context (current device + one cuBLAS handle),
- * streams (cudaStream_t) and buffers (cudaMalloc, pinned cudaMallocHost for staging) with ordered transfers.
- * What is NOT here yet is every compute op: get_ops() returns a table whose op pointers are all NULL and
- * supports() answers BERTH_E_UNSUPPORTED, so the registry never picks this backend for a model. The CUDA issue
- * fills in the ops (and then the dtype sets and BERTH_CAP_GRAPHS), matching what berth/backend.h fixes as of
- * ABI 0.2 so both backends agree: the sampling draw (Philox-4x32-10, increasing-id walk), the attention edge
- * cases, kv_append's norm modes (W_NONE = no norm, UNIT = weightless), K and V addressed with their own strides,
- * the gated_delta state layout, and absent optional tensors (buf NULL; ne[0] == 0 in supports()).
+ * cuda_backend.cu — the CUDA backend plugin's core: device probe, device info, context, configuration, streams
+ * with their workspaces, buffers, supports() and the op table. The ops live one family per file (matmul.cu,
+ * norm.cu, elementwise.cu, rope.cu, kv_append.cu, attention.cu, sample.cu); cuda_internal.h is what they share.
  *
  * Rules this file keeps (plugin.h): CUDA is initialised lazily — nothing in berth_plugin_entry or in static
  * constructors touches the runtime, so the .so loads on machines without a driver. Every CUDA/cuBLAS error
@@ -17,10 +9,7 @@
  * A sticky device error (illegal address, launch failure, ...) marks the backend lost: every later call fails
  * with BERTH_E_DEVICE_LOST. Only berth_plugin_entry is exported (meson builds with hidden visibility).
  */
-#include <berth/backend.h>
-
-#include <cublas_v2.h>
-#include <cuda_runtime.h>
+#include "cuda_internal.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -32,39 +21,13 @@
 #define CUDA_MIN_SM 90
 #endif
 
-// ---------------------------------------------------------------------------------------------------------------
-// Objects. The backend keeps every buffer and stream it created on a list so destroy() can release them.
-
-struct berth_buffer {
-    struct berth_buffer *prev, *next;
-    void *ptr;     /* device pointer, or pinned host pointer when pinned; NULL for a 0-byte buffer */
-    uint64_t size;
-    int32_t usage; /* BERTH_USAGE_* */
-    int pinned;    /* allocated with cudaMallocHost (BERTH_USAGE_STAGING) */
-};
-
-struct berth_stream {
-    struct berth_stream *prev, *next;
-    cudaStream_t cs;
-};
-
-struct berth_backend {
-    const berth_host *host;
-    int device;
-    cublasHandle_t cublas; /* one per device context; ops set its stream per call */
-    int lost;              /* a sticky error happened; lost_reason says which */
-    char lost_reason[256];
-    struct berth_buffer *buffers;
-    struct berth_stream *streams;
-};
+/* cuBLAS gets a fixed workspace so that it never allocates inside a graph capture. */
+#define CU_CUBLAS_WS_BYTES (32u << 20)
 
 // ---------------------------------------------------------------------------------------------------------------
 // Errors.
 
-static berth_status cuda_fail(const berth_host *host, berth_status code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static berth_status cuda_fail(const berth_host *host, berth_status code, const char *fmt, ...)
+berth_status cu_fail(const berth_host *host, berth_status code, const char *fmt, ...)
 {
     char msg[512];
     va_list ap;
@@ -121,7 +84,7 @@ static berth_status cuda_status_of(cudaError_t e)
 }
 
 /* Turn a failed CUDA call on backend be into a status + message ("what" names the call and its arguments). */
-static berth_status cuda_check(berth_backend *be, cudaError_t e, const char *what)
+berth_status cu_check(berth_backend *be, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return BERTH_OK;
@@ -131,27 +94,32 @@ static berth_status cuda_check(berth_backend *be, cudaError_t e, const char *wha
         snprintf(be->lost_reason, sizeof be->lost_reason, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
     }
     (void)cudaGetLastError(); /* clear a non-sticky error so it does not resurface in an unrelated call */
-    return cuda_fail(be->host, st, "cuda device %d: %s: %s: %s", be->device, what, cudaGetErrorName(e),
+    return cu_fail(be->host, st, "cuda device %d: %s: %s: %s", be->device, what, cudaGetErrorName(e),
                      cudaGetErrorString(e));
 }
 
-static berth_status cublas_check(berth_backend *be, cublasStatus_t s, const char *what)
+berth_status cu_cublas_check(berth_backend *be, cublasStatus_t s, const char *what)
 {
     if (s == CUBLAS_STATUS_SUCCESS)
         return BERTH_OK;
     berth_status st = s == CUBLAS_STATUS_ALLOC_FAILED ? BERTH_E_DEVICE_OOM : BERTH_E_BACKEND;
-    return cuda_fail(be->host, st, "cuda device %d: %s: %s: %s", be->device, what, cublasGetStatusName(s),
+    return cu_fail(be->host, st, "cuda device %d: %s: %s: %s", be->device, what, cublasGetStatusName(s),
                      cublasGetStatusString(s));
 }
 
 /* Every entry point that touches the device starts here: refuse a lost device, make ours current (a host
  * thread may drive several devices). */
-static berth_status cuda_enter(berth_backend *be)
+berth_status cu_check_launch(berth_backend *be, const char *kernel)
+{
+    return cu_check(be, cudaGetLastError(), kernel);
+}
+
+berth_status cu_enter(berth_backend *be)
 {
     if (be->lost)
-        return cuda_fail(be->host, BERTH_E_DEVICE_LOST, "cuda device %d: device lost after an earlier error (%s)",
+        return cu_fail(be->host, BERTH_E_DEVICE_LOST, "cuda device %d: device lost after an earlier error (%s)",
                          be->device, be->lost_reason);
-    return cuda_check(be, cudaSetDevice(be->device), "cudaSetDevice");
+    return cu_check(be, cudaSetDevice(be->device), "cudaSetDevice");
 }
 
 /* Copy a filled out-struct into the caller's, writing only the bytes the caller's struct_size covers. */
@@ -160,6 +128,8 @@ static void cuda_copy_out(void *out, const void *full, size_t full_size, uint32_
     size_t n = caller_size < full_size ? caller_size : full_size;
     memcpy((char *)out + sizeof(uint32_t), (const char *)full + sizeof(uint32_t), n - sizeof(uint32_t));
 }
+
+static berth_status read_compute(const berth_host *host, int *out);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Probe and device info. No context is created here: listing plugins must stay cheap on an 8-GPU machine.
@@ -179,7 +149,7 @@ static berth_status cuda_device_count(const berth_host *host, int *count, char *
         (void)cudaGetLastError();
         *count = 0;
         snprintf(why, why_size, "0 CUDA devices: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
-        return cuda_fail(host, BERTH_E_BACKEND, "cuda: cudaGetDeviceCount: %s: %s", cudaGetErrorName(e),
+        return cu_fail(host, BERTH_E_BACKEND, "cuda: cudaGetDeviceCount: %s: %s", cudaGetErrorName(e),
                          cudaGetErrorString(e));
     }
     *count = n;
@@ -191,7 +161,7 @@ static berth_status cuda_device_count(const berth_host *host, int *count, char *
 static berth_status cuda_probe(const berth_host *host, berth_probe_info *out)
 {
     if (!out || out->struct_size < BERTH_SIZE_TO(berth_probe_info, n_devices))
-        return cuda_fail(host, BERTH_E_ABI, "cuda: probe: out is NULL or its struct_size is too small");
+        return cu_fail(host, BERTH_E_ABI, "cuda: probe: out is NULL or its struct_size is too small");
     berth_probe_info info;
     memset(&info, 0, sizeof info);
     int n = 0;
@@ -211,20 +181,20 @@ static berth_status cuda_probe(const berth_host *host, berth_probe_info *out)
 static berth_status cuda_device_info(const berth_host *host, int32_t idx, berth_device_info *out)
 {
     if (!out || out->struct_size < BERTH_SIZE_TO(berth_device_info, index))
-        return cuda_fail(host, BERTH_E_ABI, "cuda: device_info: out is NULL or its struct_size is too small");
+        return cu_fail(host, BERTH_E_ABI, "cuda: device_info: out is NULL or its struct_size is too small");
     int n = 0;
     char why[256];
     berth_status st = cuda_device_count(host, &n, why, sizeof why);
     if (st != BERTH_OK)
         return st;
     if (idx < 0 || idx >= n)
-        return cuda_fail(host, BERTH_E_NOT_FOUND, "cuda: device_info: device %d does not exist (%d CUDA device%s)",
+        return cu_fail(host, BERTH_E_NOT_FOUND, "cuda: device_info: device %d does not exist (%d CUDA device%s)",
                          idx, n, n == 1 ? "" : "s");
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, idx);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return cuda_fail(host, cuda_status_of(e), "cuda: cudaGetDeviceProperties(%d): %s: %s", idx,
+        return cu_fail(host, cuda_status_of(e), "cuda: cudaGetDeviceProperties(%d): %s: %s", idx,
                          cudaGetErrorName(e), cudaGetErrorString(e));
     }
     berth_device_info info;
@@ -235,12 +205,16 @@ static berth_status cuda_device_info(const berth_host *host, int32_t idx, berth_
     /* Reading free memory needs a context (cudaMemGetInfo); creating one per device just to list them costs
      * hundreds of MiB each, so report the total here and let init log the real figure. */
     info.free_memory = prop.totalGlobalMem;
-    info.caps = BERTH_CAP_ASYNC;
-    info.weight_dtypes = BERTH_DTYPE_BIT(BERTH_DTYPE_F32) | BERTH_DTYPE_BIT(BERTH_DTYPE_BF16) |
-                         BERTH_DTYPE_BIT(BERTH_DTYPE_F16);
-    info.act_dtypes = BERTH_DTYPE_BIT(BERTH_DTYPE_F32);
-    info.kv_dtypes = BERTH_DTYPE_BIT(BERTH_DTYPE_F32);
+    info.caps = BERTH_CAP_ASYNC | BERTH_CAP_GRAPHS;
+    info.weight_dtypes = CU_WEIGHT_DTYPES;
+    info.act_dtypes = CU_ACT_DTYPES;
+    info.kv_dtypes = CU_KV_DTYPES;
     info.compute_units = prop.multiProcessorCount;
+    /* bf16 KV halves the bytes attention reads; the fp32 parity mode keeps the cache exact. */
+    int compute = CU_COMPUTE_BF16;
+    if ((st = read_compute(host, &compute)) != BERTH_OK)
+        return st;
+    info.preferred_kv_dtype = compute == CU_COMPUTE_FP32 ? BERTH_DTYPE_F32 : BERTH_DTYPE_BF16;
     cuda_copy_out(out, &info, sizeof info, out->struct_size);
     return BERTH_OK;
 }
@@ -250,41 +224,102 @@ static berth_status cuda_device_info(const berth_host *host, int32_t idx, berth_
 
 static void cuda_destroy(berth_backend *be);
 
+/* [backend.cuda] compute: bf16 (default: tensor cores with bf16 operands, fp32 accumulation) or fp32 (every
+ * product in fp32; the parity mode). */
+static berth_status read_compute(const berth_host *host, int *out)
+{
+    const char *v = host && BERTH_HAS(host, berth_host, config_get) && host->config_get
+                        ? host->config_get(host->ctx, "compute")
+                        : NULL;
+    if (!v || !*v || strcmp(v, "bf16") == 0) {
+        *out = CU_COMPUTE_BF16;
+        return BERTH_OK;
+    }
+    if (strcmp(v, "fp32") == 0) {
+        *out = CU_COMPUTE_FP32;
+        return BERTH_OK;
+    }
+    return cu_fail(host, BERTH_E_INVALID, "[backend.cuda] compute = '%.60s' must be fp32 or bf16", v);
+}
+
+static void buffer_facts(const berth_buffer *b, uintptr_t *addr, uint64_t *size, int *read_only)
+{
+    *addr = (uintptr_t)b->ptr;
+    *size = b->size;
+    *read_only = 0;
+}
+
+static void stream_free(struct berth_stream *s)
+{
+    /* Queued kernels may still use the workspaces: drain first (a lost device returns at once with an error). */
+    (void)cudaStreamSynchronize(s->cs);
+    if (s->dev.ptr)
+        (void)cudaFree(s->dev.ptr);
+    (void)cudaStreamDestroy(s->cs);
+    if (s->host_free)
+        (void)cudaEventDestroy(s->host_free);
+    if (s->host.ptr)
+        (void)cudaFreeHost(s->host.ptr);
+    free(s);
+}
+
 static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend **out)
 {
     if (!out)
-        return cuda_fail(host, BERTH_E_INVALID, "cuda: init: out is NULL");
+        return cu_fail(host, BERTH_E_INVALID, "cuda: init: out is NULL");
     int n = 0;
     char why[256];
     berth_status st = cuda_device_count(host, &n, why, sizeof why);
     if (st != BERTH_OK)
         return st;
     if (n == 0)
-        return cuda_fail(host, BERTH_E_NO_DEVICE, "cuda: init: %s", why);
+        return cu_fail(host, BERTH_E_NO_DEVICE, "cuda: init: %s", why);
     if (idx < 0 || idx >= n)
-        return cuda_fail(host, BERTH_E_NOT_FOUND, "cuda: init: device %d does not exist (%d CUDA device%s)", idx, n,
+        return cu_fail(host, BERTH_E_NOT_FOUND, "cuda: init: device %d does not exist (%d CUDA device%s)", idx, n,
                          n == 1 ? "" : "s");
     cudaDeviceProp prop;
     cudaError_t e = cudaGetDeviceProperties(&prop, idx);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        return cuda_fail(host, cuda_status_of(e), "cuda: cudaGetDeviceProperties(%d): %s: %s", idx,
+        return cu_fail(host, cuda_status_of(e), "cuda: cudaGetDeviceProperties(%d): %s: %s", idx,
                          cudaGetErrorName(e), cudaGetErrorString(e));
     }
     if (prop.major * 10 + prop.minor < CUDA_MIN_SM)
-        return cuda_fail(host, BERTH_E_UNSUPPORTED, "cuda: device %d (%s) is sm_%d%d; this build needs sm_%d or newer",
+        return cu_fail(host, BERTH_E_UNSUPPORTED, "cuda: device %d (%s) is sm_%d%d; this build needs sm_%d or newer",
                          idx, prop.name, prop.major, prop.minor, CUDA_MIN_SM);
+
+    int compute;
+    if ((st = read_compute(host, &compute)) != BERTH_OK)
+        return st;
 
     berth_backend *be = (berth_backend *)calloc(1, sizeof *be);
     if (!be)
-        return cuda_fail(host, BERTH_E_NOMEM, "cuda: init: out of host memory");
+        return cu_fail(host, BERTH_E_NOMEM, "cuda: init: out of host memory");
     be->host = host;
     be->device = idx;
-    st = cuda_check(be, cudaSetDevice(idx), "cudaSetDevice");
+    be->compute = compute;
+    be->n_sms = prop.multiProcessorCount;
+    be->smem_optin = prop.sharedMemPerBlockOptin;
+    be->ck.weight_dtypes = CU_WEIGHT_DTYPES;
+    be->ck.act_dtypes = CU_ACT_DTYPES;
+    be->ck.kv_dtypes = CU_KV_DTYPES;
+    be->ck.attn_max_rep = CU_MAX_REP;
+    be->ck.attn_max_head_dim = CU_MAX_HEAD_DIM;
+    be->ck.buffer_facts = buffer_facts;
+    st = cu_check(be, cudaSetDevice(idx), "cudaSetDevice");
     if (st == BERTH_OK)
-        st = cuda_check(be, cudaFree(0), "creating the context (cudaFree(0))");
+        st = cu_check(be, cudaFree(0), "creating the context (cudaFree(0))");
     if (st == BERTH_OK)
-        st = cublas_check(be, cublasCreate(&be->cublas), "cublasCreate");
+        st = cu_cublas_check(be, cublasCreate(&be->cublas), "cublasCreate");
+    if (st == BERTH_OK)
+        st = cu_cublas_check(be, cublasLtCreate(&be->lt), "cublasLtCreate");
+    if (st == BERTH_OK) {
+        be->cublas_ws_size = CU_CUBLAS_WS_BYTES;
+        st = cu_check(be, cudaMalloc(&be->cublas_ws, be->cublas_ws_size), "cudaMalloc (cuBLAS workspace)");
+    }
+    if (st == BERTH_OK)
+        st = cu_cublas_check(be, cublasSetWorkspace(be->cublas, be->cublas_ws, be->cublas_ws_size),
+                             "cublasSetWorkspace");
     if (st != BERTH_OK) {
         cuda_destroy(be);
         return st;
@@ -292,9 +327,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess)
         (void)cudaGetLastError();
-    cuda_log(host, BERTH_LOG_INFO, "cuda device %d: %s, sm_%d%d, %d SMs, %.1f of %.1f GiB free", idx, prop.name,
-             prop.major, prop.minor, prop.multiProcessorCount, (double)free_b / (1u << 30),
-             (double)total_b / (1u << 30));
+    cuda_log(host, BERTH_LOG_INFO, "cuda device %d: %s, sm_%d%d, %d SMs, %.1f of %.1f GiB free, %s compute", idx,
+             prop.name, prop.major, prop.minor, prop.multiProcessorCount, (double)free_b / (1u << 30),
+             (double)total_b / (1u << 30), compute == CU_COMPUTE_FP32 ? "fp32" : "bf16");
     *out = be;
     return BERTH_OK;
 }
@@ -309,8 +344,7 @@ static void cuda_destroy(berth_backend *be)
     while (be->streams) {
         struct berth_stream *s = be->streams;
         be->streams = s->next;
-        (void)cudaStreamDestroy(s->cs);
-        free(s);
+        stream_free(s);
     }
     while (be->buffers) {
         struct berth_buffer *b = be->buffers;
@@ -323,38 +357,76 @@ static void cuda_destroy(berth_backend *be)
     }
     if (be->cublas)
         (void)cublasDestroy(be->cublas);
+    if (be->lt)
+        (void)cublasLtDestroy(be->lt);
+    if (be->cublas_ws)
+        (void)cudaFree(be->cublas_ws);
     (void)cudaGetLastError();
     free(be);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Capabilities and ops. The CUDA issue replaces both: until then nothing is supported.
+// supports() and the op table. supports() runs the same checks as execution (exec = 0: no buffers), so a model
+// the host accepted never meets a parameter refusal at run time.
 
 static berth_status cuda_supports(berth_backend *be, int32_t op, const void *params)
 {
-    (void)op;
-    (void)params;
-    return cuda_fail(be ? be->host : NULL, BERTH_E_UNSUPPORTED, "cuda backend: no ops implemented yet");
+    if (!be)
+        return cu_fail(NULL, BERTH_E_INVALID, "cuda: supports: backend is NULL");
+    if (!params)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: supports: params is NULL");
+    struct opck c = {};
+    c.exec = 0;
+    c.be = &be->ck;
+    bool ok;
+    switch (op) {
+#define CU_SUPPORTS(ID, name, ptype)                                                                           \
+    case ID: ok = cu_check_##name(be, &c, (const ptype *)params); break;
+        CU_SUPPORTS(BERTH_OP_MATMUL, matmul, berth_matmul_params)
+        CU_SUPPORTS(BERTH_OP_GET_ROWS, get_rows, berth_get_rows_params)
+        CU_SUPPORTS(BERTH_OP_RMS_NORM, rms_norm, berth_rms_norm_params)
+        CU_SUPPORTS(BERTH_OP_LAYER_NORM, layer_norm, berth_layer_norm_params)
+        CU_SUPPORTS(BERTH_OP_ROPE, rope, berth_rope_params)
+        CU_SUPPORTS(BERTH_OP_UNARY, unary, berth_unary_params)
+        CU_SUPPORTS(BERTH_OP_GLU, glu, berth_glu_params)
+        CU_SUPPORTS(BERTH_OP_BINARY, binary, berth_binary_params)
+        CU_SUPPORTS(BERTH_OP_COPY, copy, berth_copy_params)
+        CU_SUPPORTS(BERTH_OP_KV_APPEND, kv_append, berth_kv_append_params)
+        CU_SUPPORTS(BERTH_OP_ATTENTION, attention, berth_attention_params)
+        CU_SUPPORTS(BERTH_OP_GATED_RMS_NORM, gated_rms_norm, berth_gated_rms_norm_params)
+        CU_SUPPORTS(BERTH_OP_LOG_SOFTMAX_TOPK, log_softmax_topk, berth_log_softmax_topk_params)
+        CU_SUPPORTS(BERTH_OP_SAMPLE, sample, berth_sample_params)
+#undef CU_SUPPORTS
+    case BERTH_OP_CONV1D_CAUSAL:
+        return cu_fail(be->host, BERTH_E_UNSUPPORTED, "cuda: conv1d_causal is not implemented on CUDA yet");
+    case BERTH_OP_GATED_DELTA:
+        return cu_fail(be->host, BERTH_E_UNSUPPORTED, "cuda: gated_delta is not implemented on CUDA yet");
+    default:
+        return cu_fail(be->host, BERTH_E_UNSUPPORTED, "cuda: unknown op %d", (int)op);
+    }
+    if (ok)
+        return BERTH_OK;
+    return cu_fail(be->host, BERTH_E_UNSUPPORTED, "%s", c.msg);
 }
 
 static const berth_ops cuda_ops = {
     .struct_size = BERTH_SIZE_TO(berth_ops, sample),
-    .matmul = NULL,
-    .get_rows = NULL,
-    .rms_norm = NULL,
-    .layer_norm = NULL,
-    .rope = NULL,
-    .unary = NULL,
-    .glu = NULL,
-    .binary = NULL,
-    .copy = NULL,
-    .kv_append = NULL,
-    .attention = NULL,
-    .conv1d_causal = NULL,
+    .matmul = cu_op_matmul,
+    .get_rows = cu_op_get_rows,
+    .rms_norm = cu_op_rms_norm,
+    .layer_norm = cu_op_layer_norm,
+    .rope = cu_op_rope,
+    .unary = cu_op_unary,
+    .glu = cu_op_glu,
+    .binary = cu_op_binary,
+    .copy = cu_op_copy,
+    .kv_append = cu_op_kv_append,
+    .attention = cu_op_attention,
+    .conv1d_causal = NULL, /* Qwen3.5's recurrent ops: CPU only for now */
     .gated_delta = NULL,
-    .gated_rms_norm = NULL,
-    .log_softmax_topk = NULL,
-    .sample = NULL,
+    .gated_rms_norm = cu_op_gated_rms_norm,
+    .log_softmax_topk = cu_op_log_softmax_topk,
+    .sample = cu_op_sample,
 };
 
 static const berth_ops *cuda_get_ops(berth_backend *be)
@@ -369,14 +441,14 @@ static const berth_ops *cuda_get_ops(berth_backend *be)
 static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
 {
     if (!out)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: stream_create: out is NULL");
-    berth_status st = cuda_enter(be);
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: stream_create: out is NULL");
+    berth_status st = cu_enter(be);
     if (st != BERTH_OK)
         return st;
     berth_stream *s = (berth_stream *)calloc(1, sizeof *s);
     if (!s)
-        return cuda_fail(be->host, BERTH_E_NOMEM, "cuda: stream_create: out of host memory");
-    st = cuda_check(be, cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+        return cu_fail(be->host, BERTH_E_NOMEM, "cuda: stream_create: out of host memory");
+    st = cu_check(be, cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     if (st != BERTH_OK) {
         free(s);
         return st;
@@ -394,25 +466,86 @@ static void cuda_stream_destroy(berth_backend *be, berth_stream *s)
     if (!s)
         return;
     (void)cudaSetDevice(be->device);
-    (void)cudaStreamDestroy(s->cs); /* returns at once; the runtime frees it when its work is done */
-    (void)cudaGetLastError();
     if (s->prev)
         s->prev->next = s->next;
     else
         be->streams = s->next;
     if (s->next)
         s->next->prev = s->prev;
-    free(s);
+    stream_free(s);
+    (void)cudaGetLastError();
 }
 
 static berth_status cuda_stream_sync(berth_backend *be, berth_stream *s)
 {
     if (!s)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: stream_sync: stream is NULL");
-    berth_status st = cuda_enter(be);
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: stream_sync: stream is NULL");
+    berth_status st = cu_enter(be);
     if (st != BERTH_OK)
         return st;
-    return cuda_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
+    return cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
+}
+
+// Workspaces. Grown, never shrunk: the first steps of a run find the sizes, later ones reuse them. Growing waits for
+// the stream so that no queued kernel still uses the old memory.
+
+static berth_status ws_grow(berth_backend *be, berth_stream *s, struct cu_workspace *w, size_t bytes, int pinned)
+{
+    if (w->size >= bytes)
+        return BERTH_OK;
+    if (be->capturing)
+        return cu_fail(be->host, BERTH_E_INTERNAL,
+                       "cuda: a %s workspace of %zu bytes is needed during graph capture (have %zu); run the step once "
+                       "before capturing it", pinned ? "host" : "device", bytes, w->size);
+    berth_status st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (workspace)");
+    if (st != BERTH_OK)
+        return st;
+    size_t want = bytes < ((size_t)1 << 20) ? ((size_t)1 << 20) : bytes + bytes / 4; /* room to grow */
+    void *p = NULL;
+    char what[96];
+    snprintf(what, sizeof what, "%s(%zu bytes, workspace)", pinned ? "cudaMallocHost" : "cudaMalloc", want);
+    if ((st = cu_check(be, pinned ? cudaMallocHost(&p, want) : cudaMalloc(&p, want), what)) != BERTH_OK)
+        return st;
+    if (w->ptr)
+        (void)(pinned ? cudaFreeHost(w->ptr) : cudaFree(w->ptr));
+    w->ptr = p;
+    w->size = want;
+    return BERTH_OK;
+}
+
+berth_status cu_stream_ws(berth_backend *be, berth_stream *s, size_t bytes, void **out)
+{
+    berth_status st = ws_grow(be, s, &s->dev, bytes ? bytes : 1, 0);
+    *out = st == BERTH_OK ? s->dev.ptr : NULL;
+    return st;
+}
+
+berth_status cu_stream_host_ws(berth_backend *be, berth_stream *s, size_t bytes, void **out)
+{
+    *out = NULL;
+    berth_status st;
+    if (s->host_pending) {
+        if ((st = cu_check(be, cudaEventSynchronize(s->host_free), "cudaEventSynchronize (host workspace)")) !=
+            BERTH_OK)
+            return st;
+        s->host_pending = 0;
+    }
+    if ((st = ws_grow(be, s, &s->host, bytes ? bytes : 1, 1)) != BERTH_OK)
+        return st;
+    *out = s->host.ptr;
+    return BERTH_OK;
+}
+
+berth_status cu_stream_host_ws_done(berth_backend *be, berth_stream *s)
+{
+    berth_status st = BERTH_OK;
+    if (!s->host_free)
+        st = cu_check(be, cudaEventCreateWithFlags(&s->host_free, cudaEventDisableTiming), "cudaEventCreate");
+    if (st == BERTH_OK)
+        st = cu_check(be, cudaEventRecord(s->host_free, s->cs), "cudaEventRecord (host workspace)");
+    if (st == BERTH_OK)
+        s->host_pending = 1;
+    return st;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -421,15 +554,15 @@ static berth_status cuda_stream_sync(berth_backend *be, berth_stream *s)
 static berth_status cuda_buffer_alloc(berth_backend *be, uint64_t nbytes, int32_t usage, berth_buffer **out)
 {
     if (!out)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: buffer_alloc: out is NULL");
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_alloc: out is NULL");
     if (usage < BERTH_USAGE_WEIGHTS || usage > BERTH_USAGE_STAGING)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: buffer_alloc: unknown usage %d", usage);
-    berth_status st = cuda_enter(be);
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_alloc: unknown usage %d", usage);
+    berth_status st = cu_enter(be);
     if (st != BERTH_OK)
         return st;
     berth_buffer *b = (berth_buffer *)calloc(1, sizeof *b);
     if (!b)
-        return cuda_fail(be->host, BERTH_E_NOMEM, "cuda: buffer_alloc: out of host memory");
+        return cu_fail(be->host, BERTH_E_NOMEM, "cuda: buffer_alloc: out of host memory");
     b->size = nbytes;
     b->usage = usage;
     b->pinned = usage == BERTH_USAGE_STAGING;
@@ -437,7 +570,7 @@ static berth_status cuda_buffer_alloc(berth_backend *be, uint64_t nbytes, int32_
         char what[96];
         snprintf(what, sizeof what, "%s(%llu bytes)", b->pinned ? "cudaMallocHost" : "cudaMalloc",
                  (unsigned long long)nbytes);
-        st = cuda_check(be, b->pinned ? cudaMallocHost(&b->ptr, nbytes) : cudaMalloc(&b->ptr, nbytes), what);
+        st = cu_check(be, b->pinned ? cudaMallocHost(&b->ptr, nbytes) : cudaMalloc(&b->ptr, nbytes), what);
         if (st != BERTH_OK) {
             free(b);
             return st;
@@ -475,11 +608,11 @@ static berth_status cuda_check_range(berth_backend *be, const char *call, const 
                                      const berth_buffer *buf, uint64_t offset, uint64_t nbytes)
 {
     if (!s)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: %s: stream is NULL", call);
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: %s: stream is NULL", call);
     if (!buf)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: %s: buffer is NULL", call);
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: %s: buffer is NULL", call);
     if (offset > buf->size || nbytes > buf->size - offset)
-        return cuda_fail(be->host, BERTH_E_INVALID,
+        return cu_fail(be->host, BERTH_E_INVALID,
                          "cuda: %s: range [%llu, %llu + %llu) is outside the buffer of %llu bytes", call,
                          (unsigned long long)offset, (unsigned long long)offset, (unsigned long long)nbytes,
                          (unsigned long long)buf->size);
@@ -495,10 +628,10 @@ static berth_status cuda_buffer_upload(berth_backend *be, berth_stream *s, berth
     if (nbytes == 0)
         return BERTH_OK;
     if (!src)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: buffer_upload: src is NULL");
-    if ((st = cuda_enter(be)) != BERTH_OK)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_upload: src is NULL");
+    if ((st = cu_enter(be)) != BERTH_OK)
         return st;
-    st = cuda_check(be, cudaMemcpyAsync((char *)dst->ptr + offset, src, nbytes, cudaMemcpyDefault, s->cs),
+    st = cu_check(be, cudaMemcpyAsync((char *)dst->ptr + offset, src, nbytes, cudaMemcpyDefault, s->cs),
                     "cudaMemcpyAsync (upload)");
     if (st != BERTH_OK)
         return st;
@@ -510,7 +643,7 @@ static berth_status cuda_buffer_upload(berth_backend *be, berth_stream *s, berth
         attr.type = cudaMemoryTypeHost; /* unknown: be safe */
     }
     if (attr.type == cudaMemoryTypeHost)
-        st = cuda_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (upload from pinned memory)");
+        st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (upload from pinned memory)");
     return st;
 }
 
@@ -523,10 +656,10 @@ static berth_status cuda_buffer_download(berth_backend *be, berth_stream *s, con
     if (nbytes == 0)
         return BERTH_OK;
     if (!dst)
-        return cuda_fail(be->host, BERTH_E_INVALID, "cuda: buffer_download: dst is NULL");
-    if ((st = cuda_enter(be)) != BERTH_OK)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_download: dst is NULL");
+    if ((st = cu_enter(be)) != BERTH_OK)
         return st;
-    return cuda_check(be, cudaMemcpyAsync(dst, (const char *)src->ptr + offset, nbytes, cudaMemcpyDefault, s->cs),
+    return cu_check(be, cudaMemcpyAsync(dst, (const char *)src->ptr + offset, nbytes, cudaMemcpyDefault, s->cs),
                       "cudaMemcpyAsync (download)");
 }
 
@@ -538,9 +671,9 @@ static berth_status cuda_buffer_copy(berth_backend *be, berth_stream *s, berth_b
         st = cuda_check_range(be, "buffer_copy (src)", s, src, src_offset, nbytes);
     if (st != BERTH_OK || nbytes == 0)
         return st;
-    if ((st = cuda_enter(be)) != BERTH_OK)
+    if ((st = cu_enter(be)) != BERTH_OK)
         return st;
-    return cuda_check(be,
+    return cu_check(be,
                       cudaMemcpyAsync((char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset, nbytes,
                                       cudaMemcpyDefault, s->cs),
                       "cudaMemcpyAsync (copy)");
@@ -552,23 +685,94 @@ static berth_status cuda_buffer_fill(berth_backend *be, berth_stream *s, berth_b
     berth_status st = cuda_check_range(be, "buffer_fill", s, dst, offset, nbytes);
     if (st != BERTH_OK || nbytes == 0)
         return st;
-    if ((st = cuda_enter(be)) != BERTH_OK)
+    if ((st = cu_enter(be)) != BERTH_OK)
         return st;
     if (dst->pinned) {
         /* Staging memory is host memory: keep stream order by waiting for earlier work, then fill on the CPU. */
-        st = cuda_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (fill)");
+        st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (fill)");
         if (st == BERTH_OK)
             memset((char *)dst->ptr + offset, byte, nbytes);
         return st;
     }
-    return cuda_check(be, cudaMemsetAsync((char *)dst->ptr + offset, byte, nbytes, s->cs), "cudaMemsetAsync");
+    return cu_check(be, cudaMemsetAsync((char *)dst->ptr + offset, byte, nbytes, s->cs), "cudaMemsetAsync");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Graphs: CUDA stream capture. cuBLAS captures fine once its workspace is fixed (init sets it); the ops keep the
+// capture rules of cuda_internal.h while be->capturing is set.
+
+struct berth_graph {
+    cudaGraphExec_t exec;
+};
+
+static berth_status cuda_graph_begin(berth_backend *be, berth_stream *s)
+{
+    if (!s)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_begin: stream is NULL");
+    if (be->capturing)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_begin: a capture is already in progress");
+    berth_status st = cu_enter(be);
+    if (st != BERTH_OK)
+        return st;
+    st = cu_check(be, cudaStreamBeginCapture(s->cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    if (st == BERTH_OK)
+        be->capturing = 1;
+    return st;
+}
+
+static berth_status cuda_graph_end(berth_backend *be, berth_stream *s, berth_graph **out)
+{
+    if (!s || !out)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_end: stream or out is NULL");
+    if (!be->capturing)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_end: no capture in progress");
+    *out = NULL;
+    be->capturing = 0;
+    (void)cudaSetDevice(be->device);
+    cudaGraph_t graph = NULL;
+    berth_status st = cu_check(be, cudaStreamEndCapture(s->cs, &graph), "cudaStreamEndCapture");
+    if (st != BERTH_OK)
+        return st;
+    berth_graph *g = (berth_graph *)calloc(1, sizeof *g);
+    if (!g) {
+        (void)cudaGraphDestroy(graph);
+        return cu_fail(be->host, BERTH_E_NOMEM, "cuda: graph_end: out of host memory");
+    }
+    st = cu_check(be, cudaGraphInstantiate(&g->exec, graph, 0), "cudaGraphInstantiate");
+    (void)cudaGraphDestroy(graph);
+    if (st != BERTH_OK) {
+        free(g);
+        return st;
+    }
+    *out = g;
+    return BERTH_OK;
+}
+
+static berth_status cuda_graph_launch(berth_backend *be, berth_stream *s, berth_graph *g)
+{
+    if (!s || !g)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_launch: stream or graph is NULL");
+    berth_status st = cu_enter(be);
+    if (st != BERTH_OK)
+        return st;
+    return cu_check(be, cudaGraphLaunch(g->exec, s->cs), "cudaGraphLaunch");
+}
+
+static void cuda_graph_destroy(berth_backend *be, berth_graph *g)
+{
+    if (!g)
+        return;
+    (void)cudaSetDevice(be->device);
+    (void)cudaGraphExecDestroy(g->exec);
+    (void)cudaGetLastError();
+    free(g);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Descriptor.
 
 static const berth_backend_vtable cuda_vtable = {
-    .struct_size = BERTH_SIZE_TO(berth_backend_vtable, buffer_fill),
+    .struct_size = BERTH_SIZE_TO(berth_backend_vtable, graph_destroy),
     .probe = cuda_probe,
     .device_info = cuda_device_info,
     .init = cuda_init,
@@ -586,6 +790,10 @@ static const berth_backend_vtable cuda_vtable = {
     .buffer_download = cuda_buffer_download,
     .buffer_copy = cuda_buffer_copy,
     .buffer_fill = cuda_buffer_fill,
+    .graph_begin = cuda_graph_begin,
+    .graph_end = cuda_graph_end,
+    .graph_launch = cuda_graph_launch,
+    .graph_destroy = cuda_graph_destroy,
 };
 
 static const berth_plugin_desc cuda_desc = {
@@ -595,8 +803,8 @@ static const berth_plugin_desc cuda_desc = {
     .abi_minor = BERTH_ABI_MINOR,
     .kind = BERTH_PLUGIN_BACKEND,
     .name = "cuda",
-    .version = "0.1.0",
-    .description = "NVIDIA GPUs through the CUDA runtime and cuBLAS (device, buffers and streams; ops pending)",
+    .version = "0.2.0",
+    .description = "NVIDIA GPUs through the CUDA runtime and cuBLAS",
     .required_services = BERTH_SVC_LOG,
     .vtable = &cuda_vtable,
 };

@@ -117,6 +117,9 @@ static berth_status g4_info(const berth_model *m, berth_model_info *out)
     v.is_encoder_decoder = 0;
     v.decoder_start_id = -1;
     snprintf(v.arch, sizeof v.arch, "%s", c->model_type);
+    /* forward() enqueues the same ops for the same batch shape whatever the contents (gemma4_forward.c): the
+     * host may record a decode step in a graph and replay it. */
+    v.graph_safe = 1;
     /* Write only what the caller's struct holds. */
     size_t n = out->struct_size < sizeof v ? out->struct_size : sizeof v;
     memcpy(out, &v, n);

@@ -1,0 +1,166 @@
+/*
+ * cuda_internal.h — what the CUDA backend's files share: the backend, buffer and stream objects, error helpers,
+ * per-stream workspaces, tensor addressing, and every op's check and run entry points.
+ *
+ * Every op follows one shape (as in the CPU backend): cu_check_OP() runs the shared parameter checks
+ * (plugins/common/op_check.h) plus this backend's own limits, and serves both supports() (exec = 0) and execution;
+ * cu_op_OP() is the berth_ops member: it checks, then enqueues kernels on the stream and returns without waiting.
+ * Launch errors are read back with cudaGetLastError (cu_check_launch) so a bad launch fails the op that made it.
+ *
+ * Compute modes ([backend.cuda] compute): BF16 keeps the model's weights as stored and runs large matmuls on the
+ * tensor cores with bf16 operands and fp32 accumulation; FP32 computes every product in fp32 (bf16/f16 weights
+ * widened exactly), the parity mode tests use. Everything else (norms, softmax, attention, sampling) is fp32 in
+ * both modes.
+ *
+ * Graph capture: while be->capturing is set (a decode step is being recorded into a CUDA graph) an op must not
+ * allocate, synchronise, or size a launch from per-step values (max_kv_len, max_q_len): only from shapes and from
+ * fixed bounds (block-table width), so that the recorded launch stays valid when replayed with new metadata.
+ */
+#ifndef BERTH_CUDA_INTERNAL_H
+#define BERTH_CUDA_INTERNAL_H
+
+#include <berth/backend.h>
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <stdint.h>
+
+#include "../common/op_check.h"
+
+#define CU_COMPUTE_BF16 0
+#define CU_COMPUTE_FP32 1
+
+/* Dtype sets (BERTH_DTYPE_BIT). Activations are f32 in this release (the model plugins keep f32 residuals). */
+#define CU_WEIGHT_DTYPES (BERTH_DTYPE_BIT(BERTH_DTYPE_F32) | BERTH_DTYPE_BIT(BERTH_DTYPE_BF16) | \
+                          BERTH_DTYPE_BIT(BERTH_DTYPE_F16))
+#define CU_ACT_DTYPES BERTH_DTYPE_BIT(BERTH_DTYPE_F32)
+#define CU_KV_DTYPES CU_WEIGHT_DTYPES
+#define CU_F32 BERTH_DTYPE_BIT(BERTH_DTYPE_F32)
+#define CU_I32 BERTH_DTYPE_BIT(BERTH_DTYPE_I32)
+#define CU_MAX_HEAD_DIM 512 /* attention / kv_append kernels keep a head vector per block */
+#define CU_MAX_REP 16       /* query heads per KV head in one attention block */
+
+struct berth_buffer {
+    struct berth_buffer *prev, *next;
+    void *ptr;     /* device pointer, or pinned host pointer when pinned; NULL for a 0-byte buffer */
+    uint64_t size;
+    int32_t usage; /* BERTH_USAGE_* */
+    int pinned;    /* allocated with cudaMallocHost (BERTH_USAGE_STAGING) */
+};
+
+/* Scratch memory owned by a stream: ops on one stream run in order, so each op may use the whole workspace for
+ * its own duration. Grown on demand (outside graph capture), after the stream drained. */
+struct cu_workspace {
+    void *ptr;
+    size_t size;
+};
+
+struct berth_stream {
+    struct berth_stream *prev, *next;
+    cudaStream_t cs;
+    struct cu_workspace dev;    /* device scratch */
+    struct cu_workspace host;   /* pinned host scratch for per-call host arrays (sampling parameters) */
+    cudaEvent_t host_free;      /* recorded after the last copy out of `host`: wait before rewriting it */
+    int host_pending;           /* host_free was recorded and not yet waited for */
+};
+
+struct berth_backend {
+    const berth_host *host;
+    int device;
+    cublasHandle_t cublas;      /* one per device context; ops set its stream per call */
+    cublasLtHandle_t lt;
+    void *cublas_ws;            /* cuBLAS workspace (fixed, so graph capture never makes cuBLAS allocate) */
+    size_t cublas_ws_size;
+    int lost;                   /* a sticky error happened; lost_reason says which */
+    char lost_reason[256];
+    struct berth_buffer *buffers;
+    struct berth_stream *streams;
+    int compute;                /* CU_COMPUTE_* from [backend.cuda] compute */
+    int n_sms;
+    size_t smem_optin;          /* most dynamic shared memory a block may opt in to */
+    int capturing;              /* a graph capture is in progress on some stream (see the top comment) */
+    struct opck_backend ck;     /* what the shared checks need to know about this backend */
+};
+
+/* ---- errors (cuda_backend.cu) ---- */
+berth_status cu_fail(const berth_host *host, berth_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A failed CUDA call: status + message "cuda device N: what: cudaErrorX: text"; marks the backend lost on
+ * sticky errors. BERTH_OK for cudaSuccess. */
+berth_status cu_check(berth_backend *be, cudaError_t e, const char *what);
+/* After a kernel launch: cu_check(be, cudaGetLastError(), kernel). */
+berth_status cu_check_launch(berth_backend *be, const char *kernel);
+berth_status cu_cublas_check(berth_backend *be, cublasStatus_t s, const char *what);
+/* Every entry point that touches the device starts here: refuse a lost device, make ours current. */
+berth_status cu_enter(berth_backend *be);
+
+/* ---- workspaces (cuda_backend.cu) ---- */
+/* Device scratch of at least bytes on stream s, valid until the op returns (the next op may reuse it). Fails
+ * with a message if it would have to grow during graph capture. */
+berth_status cu_stream_ws(berth_backend *be, berth_stream *s, size_t bytes, void **out);
+/* Pinned host scratch of at least bytes on stream s. Waits until copies enqueued from the previous use have
+ * finished; after enqueuing copies out of it, call cu_stream_host_ws_done(). */
+berth_status cu_stream_host_ws(berth_backend *be, berth_stream *s, size_t bytes, void **out);
+berth_status cu_stream_host_ws_done(berth_backend *be, berth_stream *s);
+
+/* ---- tensor addressing ---- */
+static inline char *cu_ptr(const berth_tensor *t)
+{
+    return (char *)t->buf->ptr + t->offset;
+}
+static inline int64_t cu_nrows(const berth_tensor *t)
+{
+    return t->ne[1] * t->ne[2] * t->ne[3];
+}
+/* Rows of t are evenly spaced (a single stride nb[1] walks all of ne[1]*ne[2]*ne[3] rows). */
+static inline bool cu_rows_uniform(const berth_tensor *t)
+{
+    return (t->ne[2] == 1 || t->nb[2] == t->nb[1] * t->ne[1]) &&
+           (t->ne[3] == 1 || t->nb[3] == t->nb[2] * t->ne[2]);
+}
+static inline int cu_blocks(int64_t n, int per_block)
+{
+    return (int)((n + per_block - 1) / per_block);
+}
+
+/* ---- ops: check (query and exec) and run ---- */
+#define CU_DECLARE_OP(name, ptype)                                                                             \
+    bool cu_check_##name(const berth_backend *be, struct opck *c, const ptype *p);                             \
+    berth_status cu_op_##name(berth_backend *be, berth_stream *s, const ptype *p);
+CU_DECLARE_OP(matmul, berth_matmul_params)
+CU_DECLARE_OP(get_rows, berth_get_rows_params)
+CU_DECLARE_OP(rms_norm, berth_rms_norm_params)
+CU_DECLARE_OP(layer_norm, berth_layer_norm_params)
+CU_DECLARE_OP(rope, berth_rope_params)
+CU_DECLARE_OP(unary, berth_unary_params)
+CU_DECLARE_OP(glu, berth_glu_params)
+CU_DECLARE_OP(binary, berth_binary_params)
+CU_DECLARE_OP(copy, berth_copy_params)
+CU_DECLARE_OP(kv_append, berth_kv_append_params)
+CU_DECLARE_OP(attention, berth_attention_params)
+CU_DECLARE_OP(gated_rms_norm, berth_gated_rms_norm_params)
+CU_DECLARE_OP(log_softmax_topk, berth_log_softmax_topk_params)
+CU_DECLARE_OP(sample, berth_sample_params)
+#undef CU_DECLARE_OP
+
+/* Common op prologue: exec-mode check (message through the host), then cu_enter. Used as the first line of each
+ * cu_op_NAME: CU_OP_BEGIN(be, NAME, p); */
+#define CU_OP_BEGIN(be, name, p)                                                                               \
+    do {                                                                                                       \
+        struct opck ck_ = {};                                                                                  \
+        ck_.exec = 1;                                                                                          \
+        ck_.be = &(be)->ck;                                                                                    \
+        if (!(p))                                                                                              \
+            opck_fail(&ck_, BERTH_E_INVALID, #name ": params is NULL");                                        \
+        if (!(p) || !cu_check_##name((be), &ck_, (p)))                                                         \
+            return cu_fail((be)->host, ck_.code, "%s", ck_.msg);                                               \
+        berth_status st_ = cu_enter(be);                                                                       \
+        if (st_ != BERTH_OK)                                                                                   \
+            return st_;                                                                                        \
+    } while (0)
+
+#endif

@@ -1,0 +1,224 @@
+/*
+ * kv_append.cu — kv_append: write the K and V of T new tokens into the paged cache, optionally RMS-normalising
+ * K (then rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
+ * round to nearest even). Same formulas and order as the CPU backend (plugins/backend-cpu/kv.c).
+ *
+ * One block per (token, KV head), 128 threads: each thread keeps up to CU_MAX_HEAD_DIM / 128 elements of the
+ * head vector in registers; the RMS sum is a block reduction; RoPE pairs cross threads, so the normalised vector
+ * goes through shared memory once before the rotation.
+ *
+ * Slots are data on the device, so the host cannot validate them without a synchronisation: a negative slot
+ * skips its token (the contract), and a slot beyond the pool (n_blocks * block_size) also skips it, so a bad
+ * slot can never make the kernel write outside the pool. (The CPU backend reports the latter as
+ * BERTH_E_INVALID; here it is silently dropped.)
+ */
+#include "cuda_device.cuh"
+#include "cuda_internal.h"
+
+#include <inttypes.h>
+
+#define KVA_THREADS 128
+#define KVA_EPT (CU_MAX_HEAD_DIM / KVA_THREADS) /* elements per thread */
+
+/* Everything the kernel reads, flattened from the params (device addresses, byte strides). */
+struct kva_args {
+    const char *k, *v;          /* element (0, 0, 0) of the inputs */
+    int64_t k_nb1, k_nb2, v_nb1, v_nb2;
+    int32_t k_dt, v_dt;
+    const int32_t *slots;       /* ne {T}, contiguous */
+    const int32_t *positions;   /* ne {T} (RoPE only) */
+    const float *freqs;         /* ne {n_pairs} (RoPE only) */
+    const char *k_w, *v_w;      /* norm weights (W / W_ONE_PLUS modes only) */
+    int32_t k_w_dt, v_w_dt;
+    int32_t k_mode, v_mode;
+    float eps;
+    int32_t rope_mode, rope_off, n_pairs;
+    char *k_dst, *v_dst;        /* pool base + view offset */
+    uint64_t block_stride, token_stride, head_stride, v_token_stride, v_head_stride;
+    int32_t dt, block_size, n_blocks, D, DV;
+};
+
+/* In place over the thread's elements x[e] = element tid + e * KVA_THREADS (< n): the norm of `mode`
+ * (never called for W_NONE). Formula and order as cpu_rms_norm_row: x * inv (* w or * (1 + w)). */
+__device__ __forceinline__ void kva_norm(float *x, int n, int mode, float eps, const char *w, int w_dt,
+                                         float *red)
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i < n)
+            ss += x[e] * x[e];
+    }
+    ss = cu_block_sum(ss, red);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i >= n)
+            continue;
+        if (mode == BERTH_NORM_W)
+            x[e] = x[e] * inv * cu_ld(w, w_dt, i);
+        else if (mode == BERTH_NORM_W_ONE_PLUS)
+            x[e] = x[e] * inv * (1.0f + cu_ld(w, w_dt, i));
+        else
+            x[e] = x[e] * inv;
+    }
+}
+
+/* Rotate the thread's elements of a head of n elements (berth/backend.h, ROPE). The products are rounded
+ * separately (no FMA contraction) so the result matches the CPU's x0 * cos - x1 * sin to the bit for equal
+ * sin/cos. buf: CU_MAX_HEAD_DIM floats of shared memory. Contains __syncthreads: call from all threads. */
+__device__ __forceinline__ void kva_rope(float *x, int n, const kva_args &a, float pos, float *buf)
+{
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i < n)
+            buf[i] = x[e];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i >= n)
+            continue;
+        int j = -1, partner = -1;
+        bool first = false; /* i is the pair's i0 (else its i1) */
+        if (a.rope_mode == BERTH_ROPE_HALF) {
+            if (i < a.n_pairs) {
+                j = i, partner = i + a.rope_off, first = true;
+            } else if (i >= a.rope_off && i - a.rope_off < a.n_pairs) {
+                j = i - a.rope_off, partner = j, first = false;
+            }
+        } else if (i < 2 * a.n_pairs) {
+            j = i >> 1;
+            first = (i & 1) == 0;
+            partner = first ? i + 1 : i - 1;
+        }
+        if (j < 0 || partner < 0 || partner >= n) /* not in a pair (or a layout the checks reject) */
+            continue;
+        float sn, cs;
+        sincosf(__fmul_rn(pos, a.freqs[j]), &sn, &cs);
+        const float xi = buf[i], xp = buf[partner];
+        x[e] = first ? __fsub_rn(__fmul_rn(xi, cs), __fmul_rn(xp, sn))
+                     : __fadd_rn(__fmul_rn(xi, cs), __fmul_rn(xp, sn));
+    }
+}
+
+__global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a)
+{
+    __shared__ float buf[CU_MAX_HEAD_DIM];
+    __shared__ float red[32];
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y;
+    const int32_t slot = a.slots[t];
+    if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
+        return; /* the whole block leaves together: no barrier is skipped by part of it */
+    const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
+    float x[KVA_EPT];
+
+    /* K: norm, RoPE, store */
+    const char *ks = a.k + t * a.k_nb2 + h * a.k_nb1;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        x[e] = i < a.D ? cu_ld(ks, a.k_dt, i) : 0.0f;
+    }
+    if (a.k_mode != BERTH_NORM_W_NONE)
+        kva_norm(x, a.D, a.k_mode, a.eps, a.k_w, a.k_w_dt, red);
+    if (a.n_pairs > 0)
+        kva_rope(x, a.D, a, (float)a.positions[t], buf);
+    char *kd = a.k_dst + blk * a.block_stride + off * a.token_stride + (uint64_t)h * a.head_stride;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i < a.D)
+            cu_st(kd, a.dt, i, x[e]);
+    }
+
+    /* V: norm, store (never rotated) */
+    const char *vs = a.v + t * a.v_nb2 + h * a.v_nb1;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        x[e] = i < a.DV ? cu_ld(vs, a.v_dt, i) : 0.0f;
+    }
+    if (a.v_mode != BERTH_NORM_W_NONE)
+        kva_norm(x, a.DV, a.v_mode, a.eps, a.v_w, a.v_w_dt, red);
+    char *vd = a.v_dst + blk * a.block_stride + off * a.v_token_stride + (uint64_t)h * a.v_head_stride;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        if (i < a.DV)
+            cu_st(vd, a.dt, i, x[e]);
+    }
+}
+
+bool cu_check_kv_append(const berth_backend *be, struct opck *c, const berth_kv_append_params *p)
+{
+    (void)be;
+    if (!opck_kv_append(c, p))
+        return false;
+    /* The kernel keeps a head vector in registers (CU_MAX_HEAD_DIM). be->ck.attn_max_head_dim normally makes
+     * opck reject larger heads first; this guard only speaks if it did not. */
+    const berth_kv_view *kv = &p->kv;
+    if (kv->head_dim > CU_MAX_HEAD_DIM || kv->head_dim_v > CU_MAX_HEAD_DIM)
+        return opck_fail(c, BERTH_E_UNSUPPORTED,
+                         "kv_append: head_dim %d / head_dim_v %d exceeds this backend's limit of %d", kv->head_dim,
+                         kv->head_dim_v, CU_MAX_HEAD_DIM);
+    if (kv->n_kv_heads > 65535)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: n_kv_heads %d is more than this backend's 65535",
+                         kv->n_kv_heads);
+    if (p->k.ne[2] > INT32_MAX)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: %" PRId64 " tokens is more than this backend's %d",
+                         p->k.ne[2], INT32_MAX);
+    return true;
+}
+
+berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_append_params *p)
+{
+    CU_OP_BEGIN(be, kv_append, p);
+    const berth_kv_view *kv = &p->kv;
+    const int64_t T = p->k.ne[2];
+    if (T == 0 || kv->n_kv_heads == 0)
+        return BERTH_OK;
+    const bool kw = opck_norm_has_weight(p->k_norm_mode), vw = opck_norm_has_weight(p->v_norm_mode);
+    const bool rope = p->rope_n_pairs > 0;
+    kva_args a = {};
+    a.k = cu_ptr(&p->k);
+    a.v = cu_ptr(&p->v);
+    a.k_nb1 = p->k.nb[1];
+    a.k_nb2 = p->k.nb[2];
+    a.v_nb1 = p->v.nb[1];
+    a.v_nb2 = p->v.nb[2];
+    a.k_dt = p->k.dtype;
+    a.v_dt = p->v.dtype;
+    a.slots = (const int32_t *)cu_ptr(&p->slots);
+    a.positions = rope ? (const int32_t *)cu_ptr(&p->positions) : nullptr;
+    a.freqs = rope ? (const float *)cu_ptr(&p->rope_freqs) : nullptr;
+    a.k_w = kw ? cu_ptr(&p->k_norm) : nullptr;
+    a.v_w = vw ? cu_ptr(&p->v_norm) : nullptr;
+    a.k_w_dt = kw ? p->k_norm.dtype : BERTH_DTYPE_F32;
+    a.v_w_dt = vw ? p->v_norm.dtype : BERTH_DTYPE_F32;
+    a.k_mode = p->k_norm_mode;
+    a.v_mode = p->v_norm_mode;
+    a.eps = p->eps;
+    a.rope_mode = p->rope_mode;
+    a.rope_off = p->rope_pair_offset;
+    a.n_pairs = rope ? p->rope_n_pairs : 0;
+    a.k_dst = (char *)kv->k_buf->ptr + kv->k_offset;
+    a.v_dst = (char *)kv->v_buf->ptr + kv->v_offset;
+    a.block_stride = kv->block_stride;
+    a.token_stride = kv->token_stride;
+    a.head_stride = kv->head_stride;
+    a.v_token_stride = kv->v_token_stride;
+    a.v_head_stride = kv->v_head_stride;
+    a.dt = kv->dtype;
+    a.block_size = kv->block_size;
+    a.n_blocks = kv->n_blocks;
+    a.D = kv->head_dim;
+    a.DV = kv->head_dim_v;
+    kv_append_kernel<<<dim3((unsigned)T, (unsigned)kv->n_kv_heads), KVA_THREADS, 0, s->cs>>>(a);
+    return cu_check_launch(be, "kv_append_kernel");
+}

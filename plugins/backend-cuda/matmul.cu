@@ -1,0 +1,660 @@
+/*
+ * matmul.cu — y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ y[m, n] if accumulate); x, y f32, w f32/bf16/f16
+ * packed {K, N}, fp32 accumulation. Higher dims of x and y are flattened into M.
+ *
+ * Why it is built this way:
+ *  - Decode (M <= MM_GEMV_MAX_M) reads every weight once and does 2*M flops per weight: it is bound by memory
+ *    bandwidth, so the GEMV kernel only has to keep enough 16-byte weight loads in flight. A "team" of 32..256
+ *    threads owns R consecutive rows of w and strides over K in 16-byte chunks (two chunks per step, so 2*R loads
+ *    are outstanding per thread); the team size is picked so that up to n_sms * 1024 threads run, which gives
+ *    short-and-wide matrices (N = 262144) a warp per row pair and tall-and-narrow ones (K = 12288, N = 1536) 128
+ *    threads per row pair, all resident in one wave. Weights are streamed with ld.global.nc.L1::no_allocate so
+ *    they do not evict x, which every team re-reads through L1 (M*K floats: 48 KiB at K = 12288, M = 1).
+ *    bf16/f16 are widened in registers (a shift or cvt), never converted up front. Rows of w that are not 16-byte
+ *    aligned (odd K, K not a multiple of 16 bytes, odd offsets) take the same kernel with scalar loads; x rows
+ *    that are not 16-byte aligned are gathered into the workspace first (M*K floats).
+ *  - Larger M is compute bound: cuBLAS. In bf16 compute mode, bf16/f16 weights stay as stored and x is rounded to
+ *    the weight dtype into the stream workspace, then a tensor-core GEMM with fp32 output and fp32 accumulation;
+ *    f32 weights use CUBLAS_COMPUTE_32F_FAST_16BF. In fp32 mode f32 weights use CUBLAS_COMPUTE_32F (the handle
+ *    is in default math mode: no TF32). bf16/f16 weights in fp32 mode are widened (exactly) into the workspace a
+ *    slab of rows at a time and multiplied by fp32 cuBLAS: cuBLAS's fp32 kernels are far better tuned than a
+ *    hand-written SIMT GEMM would be, and the widening pass costs about 3x the bf16 weight bytes of extra memory
+ *    traffic, small next to the fp32 GEMM's compute time at M > 8; fp32 mode is the parity mode, not the fast one.
+ *  - cuBLAS sees row-major y = x w^T as column-major Y^T (N x M, ld = y's row stride) = W (N x K) * X^T: w's
+ *    K-contiguous rows are a column-major K x N matrix used transposed (lda = K), x's rows a column-major K x M
+ *    matrix used as is (ldb = x's row stride). x rows that one stride cannot walk are gathered into the
+ *    workspace; y rows that one stride cannot walk get a workspace result that an epilogue scatters.
+ *  - Bias: folded into the GEMV's store; before a cuBLAS GEMM a small kernel sets y = (accumulate ? y : 0) + bias
+ *    and the GEMM runs with beta = 1.
+ */
+#include "cuda_internal.h"
+#include "cuda_device.cuh"
+
+#include <inttypes.h>
+#include <limits.h>
+#include <string.h>
+
+#define MM_GEMV_MAX_M 8                  /* M up to this uses the GEMV kernel in both compute modes */
+#define MM_THREADS 256                   /* GEMV block size */
+#define MM_SLAB_BYTES ((int64_t)64 << 20) /* fp32 mode, bf16/f16 weights: widened rows per cuBLAS call */
+#define MM_WS_ALIGN 256
+/* GEMV blocks per SM the register allocation must allow (48 / 64 / 128 registers): 40 resident warps keep enough
+ * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. */
+#define MM_MIN_BLOCKS(MB) ((MB) == 1 ? 5 : (MB) == 2 ? 4 : 2)
+
+/* Rows of a tensor: row r (flattened over ne[1..3], ne[1] fastest) starts at base + mm_row_off(r). */
+struct mm_rows {
+    char *base;
+    int64_t ne1, ne2, nb1, nb2, nb3;
+};
+
+static mm_rows mm_rows_of(const berth_tensor *t)
+{
+    mm_rows r;
+    r.base = cu_ptr(t);
+    r.ne1 = t->ne[1];
+    r.ne2 = t->ne[2];
+    r.nb1 = t->nb[1];
+    r.nb2 = t->nb[2];
+    r.nb3 = t->nb[3];
+    return r;
+}
+
+static __host__ __device__ __forceinline__ int64_t mm_row_off(const mm_rows &r, int64_t i)
+{
+    const int64_t i1 = i % r.ne1;
+    i /= r.ne1;
+    const int64_t i2 = i % r.ne2;
+    const int64_t i3 = i / r.ne2;
+    return i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
+}
+
+static int64_t mm_round_up(int64_t v, int64_t to)
+{
+    return (v + to - 1) / to * to;
+}
+
+static size_t mm_dtype_size(int dt)
+{
+    return dt == BERTH_DTYPE_F32 ? 4 : 2;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// GEMV (M <= MM_GEMV_MAX_M).
+
+struct mm_gemv_args {
+    const float *x[MM_GEMV_MAX_M]; /* row m of x (entries >= M repeat row 0: valid, never stored from) */
+    float *y[MM_GEMV_MAX_M];
+    const char *w;
+    int64_t ldw;                   /* bytes from one row of w to the next */
+    const void *bias;              /* NULL: none */
+    int64_t K, N;
+    int64_t nch;                   /* chunks per row of w: 16-byte chunks (vector kernel) or elements (scalar) */
+    int32_t bias_dt;
+    int32_t M;                     /* rows present, <= the kernel's MB */
+    int32_t accumulate;
+    int32_t tpr_log2;              /* threads per row team = 1 << tpr_log2, 32..MM_THREADS */
+};
+
+/* 16 bytes of weights, streamed: read-only for the kernel's lifetime, not kept in L1 (x lives there). */
+static __device__ __forceinline__ uint4 mm_ld_stream16(const void *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
+/* One 32-bit word holding weights, widened: bf16 pair, f16 pair (element 0 in the low half) or one f32. */
+template <int WDT>
+static __device__ __forceinline__ void mm_widen_word(uint32_t u, float *f)
+{
+    if (WDT == BERTH_DTYPE_BF16) {
+        f[0] = __uint_as_float(u << 16);
+        f[1] = __uint_as_float(u & 0xffff0000u);
+    } else if (WDT == BERTH_DTYPE_F16) {
+        f[0] = __half2float(__ushort_as_half((unsigned short)(u & 0xffffu)));
+        f[1] = __half2float(__ushort_as_half((unsigned short)(u >> 16)));
+    } else {
+        f[0] = __uint_as_float(u);
+    }
+}
+
+/* Element k of a weight row, scalar path. */
+template <int WDT>
+static __device__ __forceinline__ float mm_ld_w1(const char *row, int64_t k)
+{
+    if (WDT == BERTH_DTYPE_BF16)
+        return __uint_as_float((uint32_t)__ldg((const unsigned short *)row + k) << 16);
+    if (WDT == BERTH_DTYPE_F16)
+        return __half2float(__ushort_as_half(__ldg((const unsigned short *)row + k)));
+    return __ldg((const float *)row + k);
+}
+
+/* A chunk of one weight row: 16 bytes (VEC) or one element. */
+template <int WDT, bool VEC>
+struct mm_chunk;
+
+template <int WDT>
+struct mm_chunk<WDT, true> {
+    static constexpr int E = WDT == BERTH_DTYPE_F32 ? 4 : 8; /* elements per chunk */
+    uint4 raw;
+    __device__ __forceinline__ void load(const char *row, int64_t c) { raw = mm_ld_stream16(row + c * 16); }
+    __device__ __forceinline__ void widen(float *f) const
+    {
+        constexpr int W = WDT == BERTH_DTYPE_F32 ? 1 : 2; /* elements per 32-bit word */
+        mm_widen_word<WDT>(raw.x, f);
+        mm_widen_word<WDT>(raw.y, f + W);
+        mm_widen_word<WDT>(raw.z, f + 2 * W);
+        mm_widen_word<WDT>(raw.w, f + 3 * W);
+    }
+};
+
+template <int WDT>
+struct mm_chunk<WDT, false> {
+    static constexpr int E = 1;
+    float v;
+    __device__ __forceinline__ void load(const char *row, int64_t c) { v = mm_ld_w1<WDT>(row, c); }
+    __device__ __forceinline__ void widen(float *f) const { f[0] = v; }
+};
+
+/* x[m][c*E .. c*E+E) (16-byte aligned when E > 1). */
+template <int E>
+static __device__ __forceinline__ void mm_ld_x(const float *xr, int64_t c, float *xv)
+{
+    if (E == 1) {
+        xv[0] = __ldg(xr + c);
+    } else {
+        const float4 *p = reinterpret_cast<const float4 *>(xr + c * E);
+#pragma unroll
+        for (int q = 0; q < E / 4; q++) {
+            const float4 v = __ldg(p + q);
+            xv[4 * q + 0] = v.x;
+            xv[4 * q + 1] = v.y;
+            xv[4 * q + 2] = v.z;
+            xv[4 * q + 3] = v.w;
+        }
+    }
+}
+
+template <int WDT, int MB, int R, bool VEC>
+static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], const mm_chunk<WDT, VEC> (&ch)[R],
+                                                    const float *const (&xr)[MB], int64_t c)
+{
+    constexpr int E = mm_chunk<WDT, VEC>::E;
+    float wf[R][E];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        ch[r].widen(wf[r]);
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        float xv[E];
+        mm_ld_x<E>(xr[m], c, xv);
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[m][r] = fmaf(xv[e], wf[r][e], acc[m][r]);
+    }
+}
+
+/* Final value of y[m, n0 + r] for t = m*R + r: + bias, + old y when accumulating. */
+template <int MB, int R>
+static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int t, float v)
+{
+    const int m = t / R;
+    const int64_t n = n0 + t % R;
+    if (m >= a.M || n >= a.N)
+        return;
+    float *yr = a.y[0];
+#pragma unroll
+    for (int q = 1; q < MB; q++) /* static indices: a dynamic one would copy the params to local memory */
+        if (q == m)
+            yr = a.y[q];
+    if (a.bias)
+        v += cu_ld(a.bias, a.bias_dt, n);
+    if (a.accumulate)
+        v += yr[n];
+    yr[n] = v;
+}
+
+template <int WDT, int MB, int R, bool VEC>
+__global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(const mm_gemv_args a)
+{
+    __shared__ float red[MM_THREADS / 32][MB * R];
+    const int tpr = 1 << a.tpr_log2;
+    const int team = (int)threadIdx.x >> a.tpr_log2;
+    const int t = (int)threadIdx.x & (tpr - 1);
+    const int64_t n0 = ((int64_t)blockIdx.x * (MM_THREADS >> a.tpr_log2) + team) * R;
+    const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
+
+    const float *xr[MB];
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+        xr[m] = a.x[m];
+    const char *wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) /* rows past N repeat the last row: loads stay in bounds, results are dropped */
+        wr[r] = a.w + (n0 + r < a.N ? n0 + r : a.N - 1) * a.ldw;
+
+    float acc[MB][R];
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[m][r] = 0.0f;
+
+    /* Two chunks per step (2*R loads in flight), except at MB = 8 where the second chunk's registers would spill:
+     * there R = 4 loads per step are in flight. */
+    constexpr bool PAIR = MB * R <= 16;
+    if (active) {
+        int64_t c = t;
+        if constexpr (PAIR) {
+            for (; c + tpr < a.nch; c += 2 * tpr) {
+                mm_chunk<WDT, VEC> c0[R], c1[R];
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    c0[r].load(wr[r], c);
+                    c1[r].load(wr[r], c + tpr);
+                }
+                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+                mm_fma_chunk<WDT, MB, R, VEC>(acc, c1, xr, c + tpr);
+            }
+            if (c < a.nch) { /* the odd last chunk */
+                mm_chunk<WDT, VEC> c0[R];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    c0[r].load(wr[r], c);
+                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            }
+        } else {
+#pragma unroll 1
+            for (; c < a.nch; c += tpr) {
+                mm_chunk<WDT, VEC> c0[R];
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    c0[r].load(wr[r], c);
+                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            }
+        }
+    }
+
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            acc[m][r] = cu_warp_sum(acc[m][r]);
+
+    if (tpr > 32) { /* the team spans several warps: add the warps' sums through shared memory */
+        const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+        if (lane == 0)
+#pragma unroll
+            for (int m = 0; m < MB; m++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    red[warp][m * R + r] = acc[m][r];
+        __syncthreads();
+        if (active && t < MB * R) {
+            const int wpt = tpr >> 5, w0 = team * wpt;
+            float v = 0.0f;
+            for (int q = 0; q < wpt; q++)
+                v += red[w0 + q][t];
+            mm_gemv_store<MB, R>(a, n0, t, v);
+        }
+    } else if (active && t < MB * R) { /* every lane holds every sum: lane t stores sum t */
+        float v = 0.0f;
+#pragma unroll
+        for (int m = 0; m < MB; m++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (m * R + r == t)
+                    v = acc[m][r];
+        mm_gemv_store<MB, R>(a, n0, t, v);
+    }
+}
+
+template <int WDT, int MB>
+static void mm_gemv_launch_mb(bool vec, unsigned blocks, cudaStream_t cs, const mm_gemv_args &a)
+{
+    constexpr int R = MB <= 2 ? 2 : 4; /* more rows per team for larger M: each x load feeds R rows */
+    if (vec)
+        mm_gemv_kernel<WDT, MB, R, true><<<blocks, MM_THREADS, 0, cs>>>(a);
+    else
+        mm_gemv_kernel<WDT, MB, R, false><<<blocks, MM_THREADS, 0, cs>>>(a);
+}
+
+template <int WDT>
+static void mm_gemv_launch_w(int mb, bool vec, unsigned blocks, cudaStream_t cs, const mm_gemv_args &a)
+{
+    switch (mb) {
+    case 1: mm_gemv_launch_mb<WDT, 1>(vec, blocks, cs, a); break;
+    case 2: mm_gemv_launch_mb<WDT, 2>(vec, blocks, cs, a); break;
+    case 4: mm_gemv_launch_mb<WDT, 4>(vec, blocks, cs, a); break;
+    default: mm_gemv_launch_mb<WDT, 8>(vec, blocks, cs, a); break;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Helper kernels of both paths.
+
+/* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). */
+__global__ void mm_pack_x_kernel(const mm_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
+{
+    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+        const float *xr = (const float *)(x.base + mm_row_off(x, m));
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x)
+            cu_st(out, out_dt, m * ldo + k, xr[k]);
+    }
+}
+
+/* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n] + tmp[m*ldt + n], bias and tmp each optional (NULL). */
+__global__ void mm_epilogue_kernel(const mm_rows y, int64_t M, int64_t N, const float *tmp, int64_t ldt,
+                                   const void *bias, int bias_dt, int accumulate)
+{
+    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+        float *yr = (float *)(y.base + mm_row_off(y, m));
+        for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
+            float v = accumulate ? yr[n] : 0.0f;
+            if (bias)
+                v += cu_ld(bias, bias_dt, n);
+            if (tmp)
+                v += tmp[m * ldt + n];
+            yr[n] = v;
+        }
+    }
+}
+
+/* out[i] = w element (i / K, i % K) widened to f32, for rows*K elements (w rows ldw bytes apart). */
+__global__ void mm_widen_w_kernel(const char *w, int64_t ldw, int dt, int64_t rows, int64_t K, float *out)
+{
+    const int64_t total = rows * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = cu_ld(w + (i / K) * ldw, dt, i % K);
+}
+
+/* A 2-D launch over (columns, rows) for the helper kernels: 256 threads per block, capped grid (they loop). */
+static void mm_grid2(int64_t cols, int64_t rows, dim3 *grid)
+{
+    int64_t gx = (cols + 255) / 256, gy = rows;
+    grid->x = (unsigned)(gx < 1 ? 1 : gx > 65535 ? 65535 : gx);
+    grid->y = (unsigned)(gy < 1 ? 1 : gy > 65535 ? 65535 : gy);
+    grid->z = 1;
+}
+
+static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_tensor *x, int64_t M, int64_t K,
+                              void *out, int64_t ldo, int out_dt)
+{
+    dim3 grid;
+    mm_grid2(K, M, &grid);
+    mm_pack_x_kernel<<<grid, 256, 0, s->cs>>>(mm_rows_of(x), M, K, out, ldo, out_dt);
+    return cu_check_launch(be, "matmul: pack_x kernel");
+}
+
+static berth_status mm_epilogue(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M,
+                                int64_t N, const float *tmp, int64_t ldt)
+{
+    dim3 grid;
+    mm_grid2(N, M, &grid);
+    mm_epilogue_kernel<<<grid, 256, 0, s->cs>>>(mm_rows_of(&p->y), M, N, tmp, ldt,
+                                                p->bias.buf ? cu_ptr(&p->bias) : NULL, p->bias.dtype,
+                                                p->accumulate);
+    return cu_check_launch(be, "matmul: epilogue kernel");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Paths.
+
+static int mm_log2_ceil(int64_t v)
+{
+    int l = 0;
+    while (((int64_t)1 << l) < v)
+        l++;
+    return l;
+}
+
+static int mm_log2_floor(int64_t v) /* 0 for v <= 1 */
+{
+    int l = 0;
+    while (((int64_t)2 << l) <= v)
+        l++;
+    return l;
+}
+
+static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
+                            int64_t K)
+{
+    const int wdt = p->w.dtype;
+    const int64_t es = (int64_t)mm_dtype_size(wdt);
+    mm_gemv_args a;
+    memset(&a, 0, sizeof a);
+    a.w = cu_ptr(&p->w);
+    a.ldw = N > 1 ? p->w.nb[1] : K * es;
+    a.K = K;
+    a.N = N;
+    a.M = (int32_t)M;
+    a.accumulate = p->accumulate;
+    a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
+    a.bias_dt = p->bias.dtype;
+    /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
+    const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
+    a.nch = vec ? K * es / 16 : K;
+
+    const mm_rows xr = mm_rows_of(&p->x), yr = mm_rows_of(&p->y);
+    bool x_aligned = true;
+    for (int64_t m = 0; m < M; m++) {
+        a.x[m] = (const float *)(xr.base + mm_row_off(xr, m));
+        a.y[m] = (float *)(yr.base + mm_row_off(yr, m));
+        x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
+    }
+    if (vec && !x_aligned) { /* the vector kernel reads x in float4s: gather the rows, 16-byte aligned */
+        const int64_t ld = mm_round_up(K, 4);
+        void *ws = NULL;
+        berth_status st = cu_stream_ws(be, s, (size_t)(M * ld) * sizeof(float), &ws);
+        if (st == BERTH_OK)
+            st = mm_pack_x(be, s, &p->x, M, K, ws, ld, BERTH_DTYPE_F32);
+        if (st != BERTH_OK)
+            return st;
+        for (int64_t m = 0; m < M; m++)
+            a.x[m] = (const float *)ws + m * ld;
+    }
+    for (int64_t m = M; m < MM_GEMV_MAX_M; m++) {
+        a.x[m] = a.x[0];
+        a.y[m] = a.y[0];
+    }
+
+    const int mb = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8;
+    const int64_t R = mb <= 2 ? 2 : 4; /* as mm_gemv_launch_mb */
+    const int64_t groups = (N + R - 1) / R;
+    /* team size: the largest power of two that keeps groups * tpr within n_sms * 1024 threads (32 warps per SM:
+     * one wave at the ~40 resident warps the M = 1 kernel's registers allow, and 16+ warps of loads in flight),
+     * 32..256, and no wider than the row has chunks */
+    const int64_t want = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * 1024;
+    int lg = mm_log2_floor(want / groups);
+    int cap = mm_log2_ceil(a.nch);
+    if (cap < 5)
+        cap = 5;
+    if (lg > cap)
+        lg = cap;
+    if (lg < 5)
+        lg = 5;
+    if (lg > 8)
+        lg = 8;
+    a.tpr_log2 = lg;
+    const int64_t teams = MM_THREADS >> lg;
+    const unsigned blocks = (unsigned)((groups + teams - 1) / teams);
+
+    switch (wdt) {
+    case BERTH_DTYPE_BF16: mm_gemv_launch_w<BERTH_DTYPE_BF16>(mb, vec, blocks, s->cs, a); break;
+    case BERTH_DTYPE_F16: mm_gemv_launch_w<BERTH_DTYPE_F16>(mb, vec, blocks, s->cs, a); break;
+    default: mm_gemv_launch_w<BERTH_DTYPE_F32>(mb, vec, blocks, s->cs, a); break;
+    }
+    return cu_check_launch(be, "matmul: gemv kernel");
+}
+
+/* The one byte stride that walks all rows of t in order, if there is one (a single row: 0). */
+static bool mm_uniform_stride(const berth_tensor *t, int64_t *stride)
+{
+    bool have = false;
+    int64_t s = 0, next = 0;
+    for (int i = 1; i < 4; i++) {
+        if (t->ne[i] == 1)
+            continue;
+        if (have && t->nb[i] != next)
+            return false;
+        if (!have)
+            s = t->nb[i];
+        have = true;
+        next = t->nb[i] * t->ne[i];
+    }
+    *stride = have ? s : 0;
+    return true;
+}
+
+/* Leading dimension (in f32 elements) cuBLAS can use for t's rows of `len` floats, or 0 when it cannot. */
+static int64_t mm_blas_ld(const berth_tensor *t, int64_t len)
+{
+    int64_t st;
+    if (!mm_uniform_stride(t, &st))
+        return 0;
+    if (st == 0) /* one row */
+        return len > 0 ? len : 1;
+    if (st % 4 != 0 || st / 4 < len || st / 4 > INT_MAX)
+        return 0;
+    return st / 4;
+}
+
+static cudaDataType mm_cuda_type(int dt)
+{
+    return dt == BERTH_DTYPE_BF16 ? CUDA_R_16BF : dt == BERTH_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
+                            int64_t K)
+{
+    const int wdt = p->w.dtype;
+    const bool half_w = wdt != BERTH_DTYPE_F32;
+    const bool tc = be->compute == CU_COMPUTE_BF16;
+    const bool x_to_w = tc && half_w; /* x rounded to the weight dtype for the tensor cores */
+    const int64_t wes = (int64_t)mm_dtype_size(wdt);
+    const int64_t ldw = N > 1 ? p->w.nb[1] / wes : K; /* packed: K */
+    berth_status st;
+
+    if (K == 0) /* no product: y = (accumulate ? y : 0) + bias */
+        return mm_epilogue(be, s, p, M, N, NULL, 0);
+
+    /* Operands and workspace layout: [x gathered/converted][y result][widened w slab] */
+    const int64_t ldx_direct = x_to_w ? 0 : mm_blas_ld(&p->x, K);
+    const int64_t ldx = ldx_direct ? ldx_direct : mm_round_up(K, 8);
+    const size_t x_bytes = ldx_direct ? 0 : (size_t)(M * ldx) * (x_to_w ? 2 : 4);
+    const int64_t ldy_direct = mm_blas_ld(&p->y, N);
+    const int64_t ldc = ldy_direct ? ldy_direct : N;
+    const size_t t_bytes = ldy_direct ? 0 : (size_t)(M * N) * sizeof(float);
+    int64_t slab = N;
+    size_t s_bytes = 0;
+    if (!tc && half_w) {
+        slab = MM_SLAB_BYTES / (K * 4);
+        slab = slab < 1 ? 1 : slab > N ? N : slab;
+        s_bytes = (size_t)(slab * K) * sizeof(float);
+    }
+    const size_t x_off = 0, t_off = mm_round_up((int64_t)x_bytes, MM_WS_ALIGN);
+    const size_t s_off = t_off + mm_round_up((int64_t)t_bytes, MM_WS_ALIGN);
+    char *ws = NULL;
+    if (s_off + s_bytes > 0) {
+        void *w0 = NULL;
+        if ((st = cu_stream_ws(be, s, s_off + s_bytes, &w0)) != BERTH_OK)
+            return st;
+        ws = (char *)w0;
+    }
+
+    const void *xb = cu_ptr(&p->x);
+    if (!ldx_direct) {
+        if ((st = mm_pack_x(be, s, &p->x, M, K, ws + x_off, ldx, x_to_w ? wdt : BERTH_DTYPE_F32)) != BERTH_OK)
+            return st;
+        xb = ws + x_off;
+    }
+    float *C;
+    float beta;
+    if (ldy_direct) {
+        C = (float *)cu_ptr(&p->y);
+        if (p->bias.buf) { /* y = (accumulate ? y : 0) + bias, then the GEMM adds onto it */
+            if ((st = mm_epilogue(be, s, p, M, N, NULL, 0)) != BERTH_OK)
+                return st;
+            beta = 1.0f;
+        } else {
+            beta = p->accumulate ? 1.0f : 0.0f; /* beta 0: cuBLAS never reads C (y may hold NaN) */
+        }
+    } else {
+        C = (float *)(ws + t_off);
+        beta = 0.0f;
+    }
+
+    if ((st = cu_cublas_check(be, cublasSetStream(be->cublas, s->cs), "cublasSetStream")) != BERTH_OK)
+        return st;
+    /* after cublasSetStream: it resets the workspace to cuBLAS's own pool, which would allocate in a capture */
+    if ((st = cu_cublas_check(be, cublasSetWorkspace(be->cublas, be->cublas_ws, be->cublas_ws_size),
+                              "cublasSetWorkspace")) != BERTH_OK)
+        return st;
+    const float alpha = 1.0f;
+    if (tc || !half_w) {
+        const cudaDataType ab = x_to_w ? mm_cuda_type(wdt) : CUDA_R_32F;
+        const cublasComputeType_t ct = tc && !half_w ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+        st = cu_cublas_check(be,
+                             cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &alpha,
+                                          cu_ptr(&p->w), mm_cuda_type(wdt), (int)ldw, xb, ab, (int)ldx, &beta, C,
+                                          CUDA_R_32F, (int)ldc, ct, CUBLAS_GEMM_DEFAULT),
+                             "cublasGemmEx (matmul)");
+        if (st != BERTH_OK)
+            return st;
+    } else {
+        float *wf = (float *)(ws + s_off);
+        for (int64_t n0 = 0; n0 < N; n0 += slab) {
+            const int64_t nr = N - n0 < slab ? N - n0 : slab;
+            const int64_t total = nr * K;
+            int64_t blocks = (total + 255) / 256;
+            blocks = blocks > 65535 * 16 ? 65535 * 16 : blocks;
+            mm_widen_w_kernel<<<(unsigned)blocks, 256, 0, s->cs>>>(cu_ptr(&p->w) + n0 * ldw * wes, ldw * wes, wdt,
+                                                                   nr, K, wf);
+            if ((st = cu_check_launch(be, "matmul: widen_w kernel")) != BERTH_OK)
+                return st;
+            st = cu_cublas_check(be,
+                                 cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)M, (int)K, &alpha,
+                                              wf, CUDA_R_32F, (int)K, xb, CUDA_R_32F, (int)ldx, &beta, C + n0,
+                                              CUDA_R_32F, (int)ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                                 "cublasGemmEx (matmul, widened weights)");
+            if (st != BERTH_OK)
+                return st;
+        }
+    }
+    if (!ldy_direct)
+        return mm_epilogue(be, s, p, M, N, C, N);
+    return BERTH_OK;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Op.
+
+bool cu_check_matmul(const berth_backend *be, struct opck *c, const berth_matmul_params *p)
+{
+    (void)be;
+    if (!opck_matmul(c, p))
+        return false;
+    const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+        return opck_fail(c, BERTH_E_UNSUPPORTED,
+                         "matmul: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64
+                         " must each fit in 32 bits on the cuda backend (cuBLAS dimensions)",
+                         M, N, K);
+    return true;
+}
+
+berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
+{
+    CU_OP_BEGIN(be, matmul, p);
+    const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
+    if (M == 0 || N == 0)
+        return BERTH_OK;
+    if (M <= MM_GEMV_MAX_M)
+        return mm_gemv(be, s, p, M, N, K);
+    return mm_blas(be, s, p, M, N, K);
+}

@@ -1,0 +1,102 @@
+/*
+ * op_check.h — validation of op parameters shared by every backend plugin in this tree (compiled into each
+ * plugin, nothing exported): dtypes, shapes, combinations and, in execution mode, buffer bounds and alignment.
+ *
+ * Why shared: berth/backend.h fixes one meaning per op, and supports() must agree with execution. With one
+ * implementation of the checks, the CPU and CUDA backends accept exactly the same parameters (up to the limits
+ * each declares in struct opck_backend) and reject the rest with the same one-line messages ("attention: q must be
+ * ne {head_dim 256, n_heads, T}, got ...").
+ *
+ * Checks read metadata only (params, tensor descriptors, buffer sizes), never tensor contents: on a GPU the
+ * contents are not host-visible. Data-dependent validation (token ids, block-table entries, seq_q_start values)
+ * is the op's own business at execution.
+ */
+#ifndef BERTH_PLUGINS_OP_CHECK_H
+#define BERTH_PLUGINS_OP_CHECK_H
+
+#include <berth/backend.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What a backend tells the shared checks about itself. Static per backend instance. */
+struct opck_backend {
+    uint32_t weight_dtypes;     /* BERTH_DTYPE_BIT set: matmul/get_rows weights, norm weights */
+    uint32_t act_dtypes;        /* activations */
+    uint32_t kv_dtypes;         /* KV-cache element types */
+    int32_t attn_max_rep;       /* most query heads per KV head in attention (0 = no limit) */
+    int32_t attn_max_head_dim;  /* largest head_dim / head_dim_v attention and kv_append take (0 = no limit) */
+    /* Execution-mode facts about a buffer: its first byte's address (host or device, only used for alignment),
+     * its size, and whether the backend must never write it. */
+    void (*buffer_facts)(const berth_buffer *b, uintptr_t *addr, uint64_t *size, int *read_only);
+    int32_t conv_max_k;         /* widest conv1d_causal kernel (0 = no limit) */
+};
+
+/* One check in progress. exec = 1: execution (buffers must exist and hold the views); 0: supports() query. */
+struct opck {
+    int exec;
+    berth_status code;   /* first failure (BERTH_OK while none) */
+    char msg[256];
+    const struct opck_backend *be;
+};
+
+/* Record a failure (the first one wins) and return false, so checks read `return opck_fail(...)`. */
+bool opck_fail(struct opck *c, berth_status code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Is an optional tensor present (berth/backend.h, top comment)? Execution: buf != NULL; query: ne[0] != 0. */
+bool opck_present(const struct opck *c, const berth_tensor *t);
+/* dtype in dtypes, ne >= 0, nb[0] == element size; in exec mode a buffer that holds the whole view with
+ * element-aligned address and strides; `writes` rejects read-only buffers. */
+bool opck_tensor(struct opck *c, const char *op, const char *name, const berth_tensor *t, uint32_t dtypes,
+                 bool writes);
+/* ne[0] == n (n < 0: any) and ne[1..3] == 1. */
+bool opck_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t, int64_t n);
+/* t has exactly ref's ne. */
+bool opck_same_shape(struct opck *c, const char *op, const char *name, const berth_tensor *t, const char *ref_name,
+                     const berth_tensor *ref);
+/* Params struct_size covers the fields this ABI version's op reads (BERTH_E_ABI otherwise). */
+bool opck_struct_size(struct opck *c, const char *op, uint32_t have, size_t need);
+/* The paged KV view: dtype in kv_dtypes, dims >= 1, and in exec mode both pools' extents and alignment. */
+bool opck_kv_view(struct opck *c, const char *op, const berth_kv_view *kv);
+/* RoPE mode and pair layout fit a head of d elements (rope and kv_append). */
+bool opck_rope_pairs(struct opck *c, const char *op, int32_t mode, int32_t pair_offset, int32_t n_pairs, int64_t d);
+static inline bool opck_norm_has_weight(int32_t mode)
+{
+    return mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
+}
+static inline bool opck_act_valid(int32_t act)
+{
+    return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_EXP;
+}
+const char *opck_dtype_name(berth_dtype t);
+size_t opck_dtype_size(berth_dtype t); /* 0 for unknown */
+
+/* Per-op checks: everything berth/backend.h requires of the parameters, plus the backend's declared limits. */
+bool opck_matmul(struct opck *c, const berth_matmul_params *p);
+bool opck_get_rows(struct opck *c, const berth_get_rows_params *p);
+bool opck_rms_norm(struct opck *c, const berth_rms_norm_params *p);
+bool opck_layer_norm(struct opck *c, const berth_layer_norm_params *p);
+bool opck_rope(struct opck *c, const berth_rope_params *p);
+bool opck_unary(struct opck *c, const berth_unary_params *p);
+bool opck_glu(struct opck *c, const berth_glu_params *p);
+bool opck_binary(struct opck *c, const berth_binary_params *p);
+bool opck_copy(struct opck *c, const berth_copy_params *p);
+bool opck_kv_append(struct opck *c, const berth_kv_append_params *p);
+bool opck_attention(struct opck *c, const berth_attention_params *p);
+bool opck_conv1d_causal(struct opck *c, const berth_conv1d_causal_params *p);
+bool opck_gated_delta(struct opck *c, const berth_gated_delta_params *p);
+bool opck_gated_rms_norm(struct opck *c, const berth_gated_rms_norm_params *p);
+bool opck_log_softmax_topk(struct opck *c, const berth_log_softmax_topk_params *p);
+bool opck_sample(struct opck *c, const berth_sample_params *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,489 @@
+/*
+ * op_check_ops.c — the per-op parameter checks of op_check.h: everything berth/backend.h requires of each op's
+ * params (dtypes, shapes, combinations; in exec mode also buffers and bounds through the generic helpers), plus
+ * the limits the backend declares in struct opck_backend. Moved from the CPU backend, messages unchanged.
+ *
+ * Data-dependent checks (ids, slots, block-table entries, seq_q_start values, sampling histories) are not here:
+ * they need tensor contents, which each backend validates itself while executing.
+ */
+#include <inttypes.h>
+
+#include "op_check.h"
+
+/* Parameters that have one dtype whatever the backend (indices, RoPE frequencies, recurrent state, logits). */
+#define OPCK_F32 BERTH_DTYPE_BIT(BERTH_DTYPE_F32)
+#define OPCK_I32 BERTH_DTYPE_BIT(BERTH_DTYPE_I32)
+
+/* Rows of a view: everything above ne[0]. */
+static int64_t nrows(const berth_tensor *t)
+{
+    return t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+bool opck_matmul(struct opck *c, const berth_matmul_params *p)
+{
+    static const char op[] = "matmul";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_matmul_params, y)))
+        return false;
+    if (!opck_tensor(c, op, "x", &p->x, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "w", &p->w, c->be->weight_dtypes, false) ||
+        !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true))
+        return false;
+    const int64_t K = p->w.ne[0], N = p->w.ne[1];
+    if (p->w.ne[2] != 1 || p->w.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "matmul: w must be 2-D ne {K, N}, got ne[2] = %" PRId64 ", ne[3] = %" PRId64, p->w.ne[2],
+                         p->w.ne[3]);
+    if (N > 1 && p->w.nb[1] != K * p->w.nb[0])
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: w must be packed (nb[1] = %" PRId64 ", expected %" PRId64 ")",
+                         p->w.nb[1], K * p->w.nb[0]);
+    if (p->x.ne[0] != K)
+        return opck_fail(c, BERTH_E_INVALID, "matmul: x ne[0] = %" PRId64 " but w ne[0] (K) = %" PRId64, p->x.ne[0], K);
+    if (p->y.ne[0] != N)
+        return opck_fail(c, BERTH_E_INVALID, "matmul: y ne[0] = %" PRId64 " but w ne[1] (N) = %" PRId64, p->y.ne[0], N);
+    if (nrows(&p->y) != nrows(&p->x))
+        return opck_fail(c, BERTH_E_INVALID, "matmul: y has %" PRId64 " rows but x has %" PRId64, nrows(&p->y),
+                         nrows(&p->x));
+    if (p->accumulate != 0 && p->accumulate != 1)
+        return opck_fail(c, BERTH_E_INVALID, "matmul: accumulate = %d must be 0 or 1", p->accumulate);
+    if (opck_present(c, &p->bias))
+        return opck_tensor(c, op, "bias", &p->bias, c->be->weight_dtypes, false) &&
+               opck_vector(c, op, "bias", &p->bias, N);
+    return true;
+}
+
+bool opck_get_rows(struct opck *c, const berth_get_rows_params *p)
+{
+    static const char op[] = "get_rows";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_get_rows_params, y)))
+        return false;
+    if (!opck_tensor(c, op, "table", &p->table, c->be->weight_dtypes, false) ||
+        !opck_tensor(c, op, "ids", &p->ids, OPCK_I32, false) ||
+        !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true))
+        return false;
+    if (p->table.ne[2] != 1 || p->table.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "get_rows: table must be 2-D ne {D, N}");
+    if (!opck_vector(c, op, "ids", &p->ids, -1))
+        return false;
+    if (p->y.ne[0] != p->table.ne[0])
+        return opck_fail(c, BERTH_E_INVALID, "get_rows: y ne[0] = %" PRId64 " but table ne[0] (D) = %" PRId64,
+                         p->y.ne[0], p->table.ne[0]);
+    if (nrows(&p->y) != p->ids.ne[0])
+        return opck_fail(c, BERTH_E_INVALID, "get_rows: y has %" PRId64 " rows but ids has %" PRId64 " entries",
+                         nrows(&p->y), p->ids.ne[0]);
+    return true;
+}
+
+/* Checks shared by rms_norm and layer_norm: x/y/residual f32 of one shape, the residual mode. */
+static bool check_norm_common(struct opck *c, const char *op, int32_t resid_mode, const berth_tensor *x,
+                              const berth_tensor *residual, const berth_tensor *y)
+{
+    if (resid_mode < BERTH_RESID_NONE || resid_mode > BERTH_RESID_ADD_BEFORE)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "%s: resid_mode %d is not supported", op, resid_mode);
+    if (!opck_tensor(c, op, "x", x, c->be->act_dtypes, false) || !opck_tensor(c, op, "y", y, c->be->act_dtypes, true) ||
+        !opck_same_shape(c, op, "y", y, "x", x))
+        return false;
+    if (resid_mode != BERTH_RESID_NONE)
+        return opck_tensor(c, op, "residual", residual, c->be->act_dtypes, resid_mode == BERTH_RESID_ADD_BEFORE) &&
+               opck_same_shape(c, op, "residual", residual, "x", x);
+    return true;
+}
+
+/* A per-feature vector (norm weight or bias) of n elements, any weight dtype. */
+static bool check_feature_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t,
+                                 int64_t n)
+{
+    return opck_tensor(c, op, name, t, c->be->weight_dtypes, false) && opck_vector(c, op, name, t, n);
+}
+
+bool opck_rms_norm(struct opck *c, const berth_rms_norm_params *p)
+{
+    static const char op[] = "rms_norm";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rms_norm_params, y)))
+        return false;
+    if (p->weight_mode < BERTH_NORM_W_NONE || p->weight_mode > BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: weight_mode %d is not supported", p->weight_mode);
+    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
+        return false;
+    if (opck_norm_has_weight(p->weight_mode)) /* W_NONE and UNIT: no weight */
+        return check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
+    return true;
+}
+
+bool opck_layer_norm(struct opck *c, const berth_layer_norm_params *p)
+{
+    static const char op[] = "layer_norm";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_layer_norm_params, y)))
+        return false;
+    if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
+        return false;
+    if (opck_present(c, &p->w) && !check_feature_vector(c, op, "w", &p->w, p->x.ne[0]))
+        return false;
+    if (opck_present(c, &p->b) && !check_feature_vector(c, op, "b", &p->b, p->x.ne[0]))
+        return false;
+    return true;
+}
+
+bool opck_rope(struct opck *c, const berth_rope_params *p)
+{
+    static const char op[] = "rope";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_rope_params, y)))
+        return false;
+    if (!opck_tensor(c, op, "x", &p->x, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) ||
+        !opck_same_shape(c, op, "y", &p->y, "x", &p->x))
+        return false;
+    if (p->x.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "rope: x must be ne {d, heads, T}, got ne[3] = %" PRId64, p->x.ne[3]);
+    if (!opck_rope_pairs(c, op, p->mode, p->pair_offset, p->n_pairs, p->x.ne[0]))
+        return false;
+    if (!opck_tensor(c, op, "positions", &p->positions, OPCK_I32, false) ||
+        !opck_vector(c, op, "positions", &p->positions, p->x.ne[2]))
+        return false;
+    if (p->n_pairs > 0)
+        return opck_tensor(c, op, "freqs", &p->freqs, OPCK_F32, false) &&
+               opck_vector(c, op, "freqs", &p->freqs, p->n_pairs);
+    return true;
+}
+
+bool opck_unary(struct opck *c, const berth_unary_params *p)
+{
+    static const char op[] = "unary";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_unary_params, y)))
+        return false;
+    if (!opck_act_valid(p->act))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "unary: activation %d is not supported", p->act);
+    return opck_tensor(c, op, "x", &p->x, c->be->act_dtypes, false) &&
+           opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) &&
+           opck_same_shape(c, op, "y", &p->y, "x", &p->x);
+}
+
+bool opck_glu(struct opck *c, const berth_glu_params *p)
+{
+    static const char op[] = "glu";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_glu_params, y)))
+        return false;
+    if (!opck_act_valid(p->act))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "glu: activation %d is not supported", p->act);
+    return opck_tensor(c, op, "gate", &p->gate, c->be->act_dtypes, false) &&
+           opck_tensor(c, op, "up", &p->up, c->be->act_dtypes, false) &&
+           opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) &&
+           opck_same_shape(c, op, "up", &p->up, "gate", &p->gate) &&
+           opck_same_shape(c, op, "y", &p->y, "gate", &p->gate);
+}
+
+bool opck_binary(struct opck *c, const berth_binary_params *p)
+{
+    static const char op[] = "binary";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_binary_params, y)))
+        return false;
+    if (p->op != BERTH_BINARY_ADD && p->op != BERTH_BINARY_MUL)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "binary: op %d is not supported", p->op);
+    if (!opck_tensor(c, op, "a", &p->a, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "b", &p->b, c->be->weight_dtypes, false) ||
+        !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) || !opck_same_shape(c, op, "y", &p->y, "a", &p->a))
+        return false;
+    for (int i = 0; i < 4; i++)
+        if (p->b.ne[i] != 1 && p->b.ne[i] != p->a.ne[i])
+            return opck_fail(c, BERTH_E_INVALID, "binary: b ne[%d] = %" PRId64 " must be 1 or a's %" PRId64, i,
+                             p->b.ne[i], p->a.ne[i]);
+    return true;
+}
+
+bool opck_copy(struct opck *c, const berth_copy_params *p)
+{
+    static const char op[] = "copy";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_copy_params, y)))
+        return false;
+    return opck_tensor(c, op, "x", &p->x, c->be->weight_dtypes, false) &&
+           opck_tensor(c, op, "y", &p->y, c->be->weight_dtypes, true) &&
+           opck_same_shape(c, op, "y", &p->y, "x", &p->x);
+}
+
+/* The backend's limit on head sizes (attn_max_head_dim, 0 = none): attention and kv_append alike, so a cache
+ * this backend could not attend over is never written either. */
+static bool check_head_dims(struct opck *c, const char *op, const berth_kv_view *kv)
+{
+    const int32_t most = c->be->attn_max_head_dim;
+    if (most > 0 && (kv->head_dim > most || kv->head_dim_v > most))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "%s: head_dim %d / head_dim_v %d exceeds this backend's limit of %d",
+                         op, kv->head_dim, kv->head_dim_v, most);
+    return true;
+}
+
+bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
+{
+    static const char op[] = "kv_append";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_kv_append_params, kv)))
+        return false;
+    const berth_kv_view *kv = &p->kv;
+    if (!opck_kv_view(c, op, kv) || !check_head_dims(c, op, kv))
+        return false;
+    if (c->exec) {
+        uintptr_t addr;
+        uint64_t size;
+        int k_read_only, v_read_only;
+        c->be->buffer_facts(kv->k_buf, &addr, &size, &k_read_only);
+        c->be->buffer_facts(kv->v_buf, &addr, &size, &v_read_only);
+        if (k_read_only || v_read_only)
+            return opck_fail(c, BERTH_E_INVALID, "kv_append: the KV cache is in a read-only buffer");
+    }
+    if (!opck_tensor(c, op, "k", &p->k, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "v", &p->v, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "slots", &p->slots, OPCK_I32, false))
+        return false;
+    const int64_t T = p->k.ne[2];
+    if (p->k.ne[0] != kv->head_dim || p->k.ne[1] != kv->n_kv_heads || p->k.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "kv_append: k must be ne {head_dim %d, n_kv_heads %d, T}, got {%" PRId64 ", %" PRId64
+                         ", %" PRId64 ", %" PRId64 "}", kv->head_dim, kv->n_kv_heads, p->k.ne[0], p->k.ne[1],
+                         p->k.ne[2], p->k.ne[3]);
+    if (p->v.ne[0] != kv->head_dim_v || p->v.ne[1] != kv->n_kv_heads || p->v.ne[2] != T || p->v.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "kv_append: v must be ne {head_dim_v %d, n_kv_heads %d, T %" PRId64 "}, got {%" PRId64
+                         ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", kv->head_dim_v, kv->n_kv_heads, T, p->v.ne[0],
+                         p->v.ne[1], p->v.ne[2], p->v.ne[3]);
+    if (!opck_vector(c, op, "slots", &p->slots, T))
+        return false;
+    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: k_norm_mode %d is not supported", p->k_norm_mode);
+    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: v_norm_mode %d is not supported", p->v_norm_mode);
+    if (opck_norm_has_weight(p->k_norm_mode) && !opck_present(c, &p->k_norm))
+        return opck_fail(c, BERTH_E_INVALID, "kv_append: k_norm_mode %d needs the k_norm weight, which is absent",
+                         p->k_norm_mode);
+    if (opck_norm_has_weight(p->v_norm_mode) && !opck_present(c, &p->v_norm))
+        return opck_fail(c, BERTH_E_INVALID, "kv_append: v_norm_mode %d needs the v_norm weight, which is absent",
+                         p->v_norm_mode);
+    if (opck_norm_has_weight(p->k_norm_mode) &&
+        (!opck_tensor(c, op, "k_norm", &p->k_norm, c->be->weight_dtypes, false) ||
+         !opck_vector(c, op, "k_norm", &p->k_norm, kv->head_dim)))
+        return false;
+    if (opck_norm_has_weight(p->v_norm_mode) &&
+        (!opck_tensor(c, op, "v_norm", &p->v_norm, c->be->weight_dtypes, false) ||
+         !opck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
+        return false;
+    if (p->rope_n_pairs != 0) {
+        if (!opck_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim))
+            return false;
+        if (!opck_tensor(c, op, "positions", &p->positions, OPCK_I32, false) ||
+            !opck_vector(c, op, "positions", &p->positions, T) ||
+            !opck_tensor(c, op, "rope_freqs", &p->rope_freqs, OPCK_F32, false) ||
+            !opck_vector(c, op, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
+            return false;
+    }
+    return true;
+}
+
+bool opck_attention(struct opck *c, const berth_attention_params *p)
+{
+    static const char op[] = "attention";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_attention_params, kv)))
+        return false;
+    const berth_kv_view *kv = &p->kv;
+    if (p->mask != BERTH_MASK_CAUSAL && p->mask != BERTH_MASK_NONE)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: mask %d is not supported", p->mask);
+    if (p->window < 0)
+        return opck_fail(c, BERTH_E_INVALID, "attention: window %d is negative", p->window);
+    if (p->window > 0 && p->mask != BERTH_MASK_CAUSAL)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: a sliding window (%d) needs the causal mask", p->window);
+    if (!(p->softcap >= 0.0f))
+        return opck_fail(c, BERTH_E_INVALID, "attention: softcap %g must be >= 0", (double)p->softcap);
+    if (p->n_seqs < 0)
+        return opck_fail(c, BERTH_E_INVALID, "attention: n_seqs %d is negative", p->n_seqs);
+    if (!opck_kv_view(c, op, kv) || !check_head_dims(c, op, kv))
+        return false;
+    if (!opck_tensor(c, op, "q", &p->q, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "out", &p->out, c->be->act_dtypes, true))
+        return false;
+    const int64_t H = p->q.ne[1], T = p->q.ne[2];
+    if (p->q.ne[0] != kv->head_dim || p->q.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "attention: q must be ne {head_dim %d, n_heads, T}, got ne[0] = %" PRId64
+                         ", ne[3] = %" PRId64, kv->head_dim, p->q.ne[0], p->q.ne[3]);
+    if (p->out.ne[0] != kv->head_dim_v || p->out.ne[1] != H || p->out.ne[2] != T || p->out.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "attention: out must be ne {head_dim_v %d, n_heads %" PRId64 ", T %" PRId64
+                         "}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", kv->head_dim_v, H, T,
+                         p->out.ne[0], p->out.ne[1], p->out.ne[2], p->out.ne[3]);
+    if (H % kv->n_kv_heads != 0)
+        return opck_fail(c, BERTH_E_INVALID, "attention: n_heads %" PRId64 " is not a multiple of n_kv_heads %d", H,
+                         kv->n_kv_heads);
+    if (c->be->attn_max_rep > 0 && H / kv->n_kv_heads > c->be->attn_max_rep)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: %" PRId64 " query heads per KV head (most: %d)",
+                         H / kv->n_kv_heads, c->be->attn_max_rep);
+    if (opck_present(c, &p->gate) &&
+        (!opck_tensor(c, op, "gate", &p->gate, c->be->act_dtypes, false) ||
+         !opck_same_shape(c, op, "gate", &p->gate, "out", &p->out)))
+        return false;
+    if (!opck_tensor(c, op, "positions", &p->positions, OPCK_I32, false) ||
+        !opck_vector(c, op, "positions", &p->positions, T) ||
+        !opck_tensor(c, op, "seq_q_start", &p->seq_q_start, OPCK_I32, false) ||
+        !opck_vector(c, op, "seq_q_start", &p->seq_q_start, (int64_t)p->n_seqs + 1) ||
+        !opck_tensor(c, op, "seq_kv_len", &p->seq_kv_len, OPCK_I32, false) ||
+        !opck_vector(c, op, "seq_kv_len", &p->seq_kv_len, p->n_seqs) ||
+        !opck_tensor(c, op, "block_table", &p->block_table, OPCK_I32, false))
+        return false;
+    if (p->block_table.ne[1] != p->n_seqs || p->block_table.ne[2] != 1 || p->block_table.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "attention: block_table must be ne {max_blocks, n_seqs %d}, got ne[1] = %" PRId64, p->n_seqs,
+                         p->block_table.ne[1]);
+    return true;
+}
+
+static bool check_seq_tensors(struct opck *c, const char *op, const berth_tensor *seq_q_start,
+                              const berth_tensor *state_slots, int32_t n_seqs)
+{
+    if (n_seqs < 0)
+        return opck_fail(c, BERTH_E_INVALID, "%s: n_seqs %d is negative", op, n_seqs);
+    return opck_tensor(c, op, "state_slots", state_slots, OPCK_I32, false) &&
+           opck_vector(c, op, "state_slots", state_slots, n_seqs) &&
+           opck_tensor(c, op, "seq_q_start", seq_q_start, OPCK_I32, false) &&
+           opck_vector(c, op, "seq_q_start", seq_q_start, (int64_t)n_seqs + 1);
+}
+
+bool opck_conv1d_causal(struct opck *c, const berth_conv1d_causal_params *p)
+{
+    static const char op[] = "conv1d_causal";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_conv1d_causal_params, seq_q_start)))
+        return false;
+    if (!opck_act_valid(p->act))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "conv1d_causal: activation %d is not supported", p->act);
+    if (!opck_tensor(c, op, "x", &p->x, c->be->act_dtypes, false) ||
+        !opck_tensor(c, op, "w", &p->w, c->be->weight_dtypes, false) ||
+        !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) ||
+        !opck_tensor(c, op, "state", &p->state, OPCK_F32, true) ||
+        !check_seq_tensors(c, op, &p->seq_q_start, &p->state_slots, p->n_seqs))
+        return false;
+    const int64_t C = p->x.ne[0], K = p->w.ne[0];
+    if (p->x.ne[2] != 1 || p->x.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "conv1d_causal: x must be 2-D ne {C, T}");
+    if (!opck_same_shape(c, op, "y", &p->y, "x", &p->x))
+        return false;
+    if (p->w.ne[1] != C || p->w.ne[2] != 1 || p->w.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "conv1d_causal: w must be ne {K, C %" PRId64 "}, got ne[1] = %" PRId64, C,
+                         p->w.ne[1]);
+    if (c->be->conv_max_k > 0 && (K < 1 || K > c->be->conv_max_k))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "conv1d_causal: kernel width %" PRId64 " is not in 1..%d", K,
+                         c->be->conv_max_k);
+    if (K < 1)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "conv1d_causal: kernel width %" PRId64 " is not >= 1", K);
+    if (p->state.ne[0] != K - 1 || p->state.ne[1] != C || p->state.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "conv1d_causal: state must be ne {K-1 %" PRId64 ", C %" PRId64
+                         ", n_slots}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}", K - 1, C,
+                         p->state.ne[0], p->state.ne[1], p->state.ne[2], p->state.ne[3]);
+    if (opck_present(c, &p->bias))
+        return opck_tensor(c, op, "bias", &p->bias, c->be->weight_dtypes, false) &&
+               opck_vector(c, op, "bias", &p->bias, C);
+    return true;
+}
+
+bool opck_gated_delta(struct opck *c, const berth_gated_delta_params *p)
+{
+    static const char op[] = "gated_delta";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_gated_delta_params, seq_q_start)))
+        return false;
+    if (p->qk_l2norm != 0 && p->qk_l2norm != 1)
+        return opck_fail(c, BERTH_E_INVALID, "gated_delta: qk_l2norm = %d must be 0 or 1", p->qk_l2norm);
+    if (p->chunk_size < 0)
+        return opck_fail(c, BERTH_E_INVALID, "gated_delta: chunk_size %d is negative", p->chunk_size);
+    static const char *const names[] = {"q", "k", "v", "g", "beta", "out"};
+    const berth_tensor *ts[] = {&p->q, &p->k, &p->v, &p->g, &p->beta, &p->out};
+    for (int i = 0; i < 6; i++)
+        if (!opck_tensor(c, op, names[i], ts[i], c->be->act_dtypes, i == 5))
+            return false;
+    if (!opck_tensor(c, op, "state", &p->state, OPCK_F32, true) ||
+        !check_seq_tensors(c, op, &p->seq_q_start, &p->state_slots, p->n_seqs))
+        return false;
+    const int64_t dk = p->q.ne[0], Hk = p->q.ne[1], T = p->q.ne[2], dv = p->v.ne[0], Hv = p->v.ne[1];
+    if (p->q.ne[3] != 1 || !opck_same_shape(c, op, "k", &p->k, "q", &p->q))
+        return p->q.ne[3] != 1 ? opck_fail(c, BERTH_E_INVALID, "gated_delta: q must be ne {d_k, n_k_heads, T}") : false;
+    if (p->v.ne[2] != T || p->v.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "gated_delta: v must be ne {d_v, n_v_heads, T %" PRId64 "}", T);
+    if (!opck_same_shape(c, op, "out", &p->out, "v", &p->v))
+        return false;
+    if (Hk < 1 || Hv % Hk != 0)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "gated_delta: n_v_heads %" PRId64 " is not a multiple of n_k_heads %" PRId64, Hv, Hk);
+    const berth_tensor *gb[2] = {&p->g, &p->beta};
+    for (int i = 0; i < 2; i++)
+        if (gb[i]->ne[0] != Hv || gb[i]->ne[1] != T || gb[i]->ne[2] != 1 || gb[i]->ne[3] != 1)
+            return opck_fail(c, BERTH_E_INVALID, "gated_delta: %s must be ne {n_v_heads %" PRId64 ", T %" PRId64 "}",
+                             i ? "beta" : "g", Hv, T);
+    if (p->state.ne[0] != dv || p->state.ne[1] != dk || p->state.ne[2] != Hv)
+        return opck_fail(c, BERTH_E_INVALID, "gated_delta: state must be ne {d_v %" PRId64 ", d_k %" PRId64
+                         ", n_v_heads %" PRId64 ", n_slots}, got {%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 "}",
+                         dv, dk, Hv, p->state.ne[0], p->state.ne[1], p->state.ne[2], p->state.ne[3]);
+    return true;
+}
+
+bool opck_gated_rms_norm(struct opck *c, const berth_gated_rms_norm_params *p)
+{
+    static const char op[] = "gated_rms_norm";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_gated_rms_norm_params, y)))
+        return false;
+    if (!opck_act_valid(p->act))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "gated_rms_norm: activation %d is not supported", p->act);
+    return opck_tensor(c, op, "x", &p->x, c->be->act_dtypes, false) &&
+           opck_tensor(c, op, "z", &p->z, c->be->act_dtypes, false) &&
+           opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true) && opck_same_shape(c, op, "z", &p->z, "x", &p->x) &&
+           opck_same_shape(c, op, "y", &p->y, "x", &p->x) && check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
+}
+
+bool opck_log_softmax_topk(struct opck *c, const berth_log_softmax_topk_params *p)
+{
+    static const char op[] = "log_softmax_topk";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_log_softmax_topk_params, indices)))
+        return false;
+    if (!opck_tensor(c, op, "logits", &p->logits, OPCK_F32, false) ||
+        !opck_tensor(c, op, "values", &p->values, OPCK_F32, true) ||
+        !opck_tensor(c, op, "indices", &p->indices, OPCK_I32, true))
+        return false;
+    const int64_t V = p->logits.ne[0], R = p->logits.ne[1];
+    if (p->logits.ne[2] != 1 || p->logits.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "log_softmax_topk: logits must be 2-D ne {V, R}");
+    if (p->k < 1 || p->k > V)
+        return opck_fail(c, BERTH_E_INVALID, "log_softmax_topk: k = %d must be in 1..V (%" PRId64 ")", p->k, V);
+    const berth_tensor *outs[2] = {&p->values, &p->indices};
+    for (int i = 0; i < 2; i++)
+        if (outs[i]->ne[0] != p->k || outs[i]->ne[1] != R || outs[i]->ne[2] != 1 || outs[i]->ne[3] != 1)
+            return opck_fail(c, BERTH_E_INVALID, "log_softmax_topk: %s must be ne {k %d, R %" PRId64 "}",
+                             i ? "indices" : "values", p->k, R);
+    if (opck_present(c, &p->row_bias))
+        return opck_tensor(c, op, "row_bias", &p->row_bias, OPCK_F32, false) &&
+               opck_vector(c, op, "row_bias", &p->row_bias, R);
+    return true;
+}
+
+bool opck_sample(struct opck *c, const berth_sample_params *p)
+{
+    static const char op[] = "sample";
+    if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_sample_params, top_logprobs)))
+        return false;
+    if (!opck_tensor(c, op, "logits", &p->logits, OPCK_F32, false) ||
+        !opck_tensor(c, op, "ids", &p->ids, OPCK_I32, true))
+        return false;
+    const int64_t V = p->logits.ne[0], R = p->logits.ne[1];
+    if (p->logits.ne[2] != 1 || p->logits.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID, "sample: logits must be 2-D ne {V, R}");
+    if (p->n_rows != R)
+        return opck_fail(c, BERTH_E_INVALID, "sample: n_rows %d differs from logits' %" PRId64 " rows", p->n_rows, R);
+    if (V < 1 || V > INT32_MAX)
+        return opck_fail(c, BERTH_E_INVALID, "sample: vocabulary size %" PRId64 " is out of range", V);
+    if (!opck_vector(c, op, "ids", &p->ids, R))
+        return false;
+    if (opck_present(c, &p->logprob) &&
+        (!opck_tensor(c, op, "logprob", &p->logprob, OPCK_F32, true) || !opck_vector(c, op, "logprob", &p->logprob, R)))
+        return false;
+    if (p->n_top < 0 || p->n_top > V)
+        return opck_fail(c, BERTH_E_INVALID, "sample: n_top = %d must be in 0..V (%" PRId64 ")", p->n_top, V);
+    if (p->n_top > 0) {
+        if (!opck_tensor(c, op, "top_ids", &p->top_ids, OPCK_I32, true) ||
+            !opck_tensor(c, op, "top_logprobs", &p->top_logprobs, OPCK_F32, true))
+            return false;
+        const berth_tensor *outs[2] = {&p->top_ids, &p->top_logprobs};
+        for (int i = 0; i < 2; i++)
+            if (outs[i]->ne[0] != p->n_top || outs[i]->ne[1] != R || outs[i]->ne[2] != 1 || outs[i]->ne[3] != 1)
+                return opck_fail(c, BERTH_E_INVALID, "sample: %s must be ne {n_top %d, R %" PRId64 "}",
+                                 i ? "top_logprobs" : "top_ids", p->n_top, R);
+    }
+    return true;
+}

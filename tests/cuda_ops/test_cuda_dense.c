@@ -1,0 +1,719 @@
+/*
+ * test_cuda_dense.c — the CUDA backend's dense ops (matmul, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
+ * unary, glu, binary, copy) against the CPU backend on fresh random inputs (tests/cuda_ops/harness.h).
+ *
+ * Tolerances. Both backends compute in fp32 but sum in different orders, so results agree to rounding:
+ *  - matmul: |y| is about sqrt(K)/3 for inputs in [-1, 1]; the fp32 bound is atol 1e-5 * sqrt(K) (about 3e-5 of
+ *    |y|) plus rtol 1e-5. In bf16 compute mode (HX_COMPUTE=bf16), M > 8 runs on the tensor cores with x (and f32
+ *    weights) rounded to bf16, 2^-9 relative each: the error of y is about 5e-4 * sqrt(K) rms, so those cases
+ *    use atol 6e-3 * sqrt(K) (about 10 sigma), rtol 0. M <= 8 is the fp32 GEMV in both modes.
+ *  - elementwise ops, norms, rope: atol 1e-6, rtol 1e-5 (libm vs CUDA's precise functions differ by an ulp or two;
+ *    the CPU's vector exp/tanh by ~2 ulp).
+ *  - copy: exact (round to nearest even on both sides).
+ * Outputs start as NaN bytes, so an element a kernel forgot fails; where an output is a strided view, the whole
+ * tensor is filled with the same random values on both sides first, so the bytes outside the view must match too
+ * (a kernel writing outside its view fails).
+ */
+#include "harness.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F32 BERTH_DTYPE_F32
+#define F16 BERTH_DTYPE_F16
+#define BF16 BERTH_DTYPE_BF16
+#define I32 BERTH_DTYPE_I32
+
+#define EW_ATOL 1e-6
+#define EW_RTOL 1e-5
+
+static bool bf16_mode(void)
+{
+    const char *m = getenv("HX_COMPUTE");
+    return m && strcmp(m, "bf16") == 0;
+}
+
+static const char *dt_name(berth_dtype dt)
+{
+    switch (dt) {
+    case F32: return "f32";
+    case F16: return "f16";
+    case BF16: return "bf16";
+    case I32: return "i32";
+    default: return "?";
+    }
+}
+
+static int64_t dt_bytes(berth_dtype dt)
+{
+    return dt == F16 || dt == BF16 ? 2 : 4;
+}
+
+/* A view of t on one side: offset and strides in elements. */
+static berth_tensor tview(const struct hx_tensor *t, int s, int64_t off, int64_t ne0, int64_t ne1, int64_t ne2,
+                          int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3)
+{
+    berth_tensor v = t->t[s];
+    const int64_t es = dt_bytes(t->dtype);
+    v.offset += (uint64_t)(off * es);
+    v.ne[0] = ne0;
+    v.ne[1] = ne1;
+    v.ne[2] = ne2;
+    v.ne[3] = ne3;
+    v.nb[0] = es;
+    v.nb[1] = nb1 * es;
+    v.nb[2] = nb2 * es;
+    v.nb[3] = nb3 * es;
+    return v;
+}
+
+/* Run op on both sides (params per side) and wait; both must succeed. */
+static void run_op(int32_t op, const void *p_cpu, const void *p_gpu, const char *what)
+{
+    berth_status st = hx_op(HX_CPU, op, p_cpu);
+    ck_assert_msg(st == BERTH_OK, "%s: cpu op failed (%d): %s", what, (int)st, hx_last_error);
+    st = hx_op(HX_GPU, op, p_gpu);
+    ck_assert_msg(st == BERTH_OK, "%s: cuda op failed (%d): %s", what, (int)st, hx_last_error);
+    hx_sync();
+}
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * matmul */
+
+enum { XV_PACKED, XV_PADDED, XV_3D }; /* x layouts: contiguous; rows K+7 apart at a 3-float offset; 3-D with gaps */
+
+struct mm_case {
+    int64_t M, K, N;
+    berth_dtype wdt;
+    int bias;            /* 0: none; else 1 + bias dtype */
+    int acc;
+    int xview;
+    int yview;           /* 1: y rows N+3 apart */
+};
+
+static const struct mm_case mm_cases[] = {
+    /* odd sizes: scalar weight loads, every GEMV bucket and the cuBLAS paths */
+    {1, 77, 33, F32, 0, 0, 0, 0},   {3, 77, 33, F32, 0, 0, 0, 0},   {8, 77, 33, F32, 0, 0, 0, 0},
+    {9, 77, 33, F32, 0, 0, 0, 0},   {64, 77, 33, F32, 0, 0, 0, 0},  {200, 77, 33, F32, 0, 0, 0, 0},
+    {1, 77, 33, BF16, 0, 0, 0, 0},  {3, 77, 33, BF16, 0, 0, 0, 0},  {8, 77, 33, BF16, 0, 0, 0, 0},
+    {9, 77, 33, BF16, 0, 0, 0, 0},  {64, 77, 33, BF16, 0, 0, 0, 0}, {200, 77, 33, BF16, 0, 0, 0, 0},
+    {1, 77, 33, F16, 0, 0, 0, 0},   {3, 77, 33, F16, 0, 0, 0, 0},   {8, 77, 33, F16, 0, 0, 0, 0},
+    {9, 77, 33, F16, 0, 0, 0, 0},   {64, 77, 33, F16, 0, 0, 0, 0},  {200, 77, 33, F16, 0, 0, 0, 0},
+    /* K a multiple of 16 bytes: 16-byte weight loads, every GEMV bucket (1, 2, 4, 8) */
+    {1, 264, 37, F32, 0, 0, 0, 0},  {2, 264, 37, BF16, 0, 0, 0, 0}, {4, 264, 37, F16, 0, 0, 0, 0},
+    {5, 264, 37, BF16, 0, 0, 0, 0}, {1, 264, 37, BF16, 0, 0, 0, 0}, {1, 264, 37, F16, 0, 0, 0, 0},
+    /* K = 100: 16-byte loads for f32 rows (400 bytes), scalar for bf16/f16 rows (200 bytes) */
+    {1, 100, 19, F32, 0, 0, 0, 0},  {1, 100, 19, BF16, 0, 0, 0, 0}, {2, 100, 19, F16, 0, 0, 0, 0},
+    /* Gemma 4 E2B shapes: decode (M = 1, and a warp per row pair at N = 12288) and a prefill chunk */
+    {1, 1536, 2048, BF16, 0, 0, 0, 0},  {1, 6144, 1536, BF16, 0, 0, 0, 0}, {1, 1536, 12288, BF16, 0, 0, 0, 0},
+    {8, 1536, 12288, BF16, 0, 0, 0, 0}, {32, 1536, 2048, BF16, 0, 0, 0, 0}, {32, 6144, 1536, BF16, 0, 0, 0, 0},
+    {1, 6144, 1536, F32, 0, 0, 0, 0},   {32, 6144, 1536, F32, 0, 0, 0, 0},
+    /* bias (f32 / bf16) and accumulate */
+    {1, 264, 40, BF16, 1 + F32, 0, 0, 0},  {64, 264, 40, BF16, 1 + BF16, 0, 0, 0},
+    {64, 77, 40, F32, 1 + F32, 0, 0, 0},   {3, 264, 40, BF16, 0, 1, 0, 0},
+    {64, 264, 40, F16, 0, 1, 0, 0},        {1, 77, 40, BF16, 1 + BF16, 1, 0, 0},
+    {64, 264, 40, F32, 1 + F16, 1, 0, 0},  {9, 264, 40, BF16, 1 + F32, 1, 0, 0},
+    /* strided x: padded rows at an unaligned offset (GEMV gathers, cuBLAS reads them in place); 3-D x whose rows no
+     * single stride walks (GEMV per-row pointers, cuBLAS gathers); padded y rows (cuBLAS ldc; with accumulate) */
+    {5, 264, 33, BF16, 0, 0, XV_PADDED, 0}, {8, 77, 33, F32, 0, 0, XV_PADDED, 0},
+    {64, 264, 33, BF16, 0, 0, XV_PADDED, 0}, {64, 264, 33, F32, 0, 0, XV_PADDED, 0},
+    {8, 264, 33, BF16, 0, 0, XV_3D, 0},     {64, 264, 33, BF16, 1 + F32, 0, XV_3D, 0},
+    {64, 77, 33, F16, 0, 1, XV_3D, 0},      {4, 264, 33, BF16, 1 + F32, 1, 0, 1},
+    {64, 264, 33, BF16, 0, 1, XV_PADDED, 1}, {64, 264, 33, F16, 1 + BF16, 0, 0, 1},
+};
+#define N_MM_CASES ((int)(sizeof mm_cases / sizeof mm_cases[0]))
+
+static void mm_run(const struct mm_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N;
+    char what[160];
+    snprintf(what, sizeof what, "matmul M=%lld K=%lld N=%lld w=%s bias=%s acc=%d xview=%d yview=%d", (long long)M,
+             (long long)K, (long long)N, dt_name(c->wdt), c->bias ? dt_name((berth_dtype)(c->bias - 1)) : "none",
+             c->acc, c->xview, c->yview);
+
+    struct hx_tensor X = c->xview == XV_PACKED   ? hx_new(F32, K, M, 0, 0)
+                         : c->xview == XV_PADDED ? hx_new(F32, K + 7, M, 0, 0)
+                                                 : hx_new(F32, 2 * K + 5, M / 2, 0, 0);
+    hx_rand(&X, -1.0f, 1.0f);
+    struct hx_tensor W = hx_new(c->wdt, K, N, 0, 0);
+    hx_rand(&W, -1.0f, 1.0f);
+    struct hx_tensor B;
+    memset(&B, 0, sizeof B);
+    if (c->bias) {
+        B = hx_new((berth_dtype)(c->bias - 1), N, 0, 0, 0);
+        hx_rand(&B, -1.0f, 1.0f);
+    }
+    struct hx_tensor Y = hx_new(F32, c->yview ? N + 3 : N, M, 0, 0);
+    if (c->acc || c->yview)
+        hx_rand(&Y, -1.0f, 1.0f);
+
+    berth_matmul_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].accumulate = c->acc;
+        if (c->xview == XV_PACKED)
+            p[s].x = X.t[s];
+        else if (c->xview == XV_PADDED)
+            p[s].x = tview(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
+        else
+            p[s].x = tview(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
+        p[s].w = W.t[s];
+        if (c->bias)
+            p[s].bias = B.t[s];
+        p[s].y = c->yview ? tview(&Y, s, 0, N, M, 1, 1, N + 3, (N + 3) * M, (N + 3) * M) : Y.t[s];
+    }
+    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+
+    const double scale = sqrt((double)K);
+    if (bf16_mode() && M > 8)
+        hx_expect_close(&Y, 6e-3 * scale, 0.0, what);
+    else
+        hx_expect_close(&Y, 1e-5 * scale, 1e-5, what);
+    hx_free(&X);
+    hx_free(&W);
+    if (c->bias)
+        hx_free(&B);
+    hx_free(&Y);
+}
+
+START_TEST(test_matmul)
+{
+    mm_run(&mm_cases[_i]);
+}
+END_TEST
+
+/* A weight dtype no backend supports is refused by supports() on both sides, with the shared check's message;
+ * the same query with bf16 weights is accepted by both. */
+START_TEST(test_matmul_supports)
+{
+    berth_matmul_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    const int64_t K = 64, N = 32, M = 4;
+    p.x.dtype = F32;
+    p.w.dtype = I32;
+    p.y.dtype = F32;
+    const int64_t xne[4] = {K, M, 1, 1}, wne[4] = {K, N, 1, 1}, yne[4] = {N, M, 1, 1};
+    memcpy(p.x.ne, xne, sizeof xne);
+    memcpy(p.w.ne, wne, sizeof wne);
+    memcpy(p.y.ne, yne, sizeof yne);
+    p.x.ndim = p.w.ndim = p.y.ndim = 2;
+    for (int i = 0; i < 4; i++) {
+        p.x.nb[i] = i == 0 ? 4 : p.x.nb[i - 1] * p.x.ne[i - 1];
+        p.w.nb[i] = i == 0 ? 4 : p.w.nb[i - 1] * p.w.ne[i - 1];
+        p.y.nb[i] = i == 0 ? 4 : p.y.nb[i - 1] * p.y.ne[i - 1];
+    }
+    static const char want[] = "matmul: w dtype i32 is not supported (supported: f32, f16, bf16)";
+    for (int s = 0; s < 2; s++) {
+        const berth_status st = hx_supports(s, BERTH_OP_MATMUL, &p);
+        ck_assert_msg(st == BERTH_E_UNSUPPORTED, "side %d: supports(matmul, i32 w) = %d (%s)", s, (int)st,
+                      hx_last_error);
+        ck_assert_str_eq(hx_last_error, want);
+    }
+    p.w.dtype = BF16;
+    for (int i = 0; i < 4; i++)
+        p.w.nb[i] = i == 0 ? 2 : p.w.nb[i - 1] * p.w.ne[i - 1];
+    for (int s = 0; s < 2; s++) {
+        const berth_status st = hx_supports(s, BERTH_OP_MATMUL, &p);
+        ck_assert_msg(st == BERTH_OK, "side %d: supports(matmul, bf16 w) = %d (%s)", s, (int)st, hx_last_error);
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * get_rows */
+
+static void get_rows_case(berth_dtype tdt, int64_t D, int64_t Nrows, int64_t T, float scale)
+{
+    char what[96];
+    snprintf(what, sizeof what, "get_rows table=%s D=%lld N=%lld T=%lld scale=%g", dt_name(tdt), (long long)D,
+             (long long)Nrows, (long long)T, (double)scale);
+    struct hx_tensor tab = hx_new(tdt, D, Nrows, 0, 0), ids = hx_new(I32, T, 0, 0, 0), Y = hx_new(F32, D, T, 0, 0);
+    hx_rand(&tab, -2.0f, 2.0f);
+    hx_rand_int(&ids, 0, (int32_t)Nrows - 1);
+    berth_get_rows_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].scale = scale;
+        p[s].table = tab.t[s];
+        p[s].ids = ids.t[s];
+        p[s].y = Y.t[s];
+    }
+    run_op(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], what);
+    hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_free(&tab);
+    hx_free(&ids);
+    hx_free(&Y);
+}
+
+START_TEST(test_get_rows)
+{
+    get_rows_case(BF16, 300, 50, 9, 0.125f);
+    get_rows_case(BF16, 1536, 1000, 4, 39.191836f); /* Gemma's sqrt(hidden) embedding scale */
+    get_rows_case(F32, 33, 7, 12, 1.0f);
+    get_rows_case(F16, 64, 20, 1, -0.5f);
+}
+END_TEST
+
+/* An id outside [0, N) (the caller's bug) must not read outside the table: the CUDA kernel writes zeros for that
+ * row. The CPU backend refuses such ids, so the CUDA run is compared with a CPU run whose ids are all valid. */
+START_TEST(test_get_rows_bad_id)
+{
+    const int64_t D = 40, Nrows = 10, T = 6;
+    struct hx_tensor tab = hx_new(BF16, D, Nrows, 0, 0), ok = hx_new(I32, T, 0, 0, 0), bad = hx_new(I32, T, 0, 0, 0);
+    struct hx_tensor Y = hx_new(F32, D, T, 0, 0);
+    hx_rand(&tab, -2.0f, 2.0f);
+    const int32_t ok_ids[6] = {3, 0, 9, 4, 9, 1}, bad_ids[6] = {3, 0, -1, 4, 10, 1};
+    hx_set(&ok, ok_ids);
+    hx_set(&bad, bad_ids);
+    berth_get_rows_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].scale = 2.0f;
+        p[s].table = tab.t[s];
+        p[s].ids = s == HX_CPU ? ok.t[s] : bad.t[s];
+        p[s].y = Y.t[s];
+    }
+    run_op(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], "get_rows with ids -1 and N");
+    float cpu[6 * 40], gpu[6 * 40];
+    hx_get_f32(&Y, HX_CPU, cpu);
+    hx_get_f32(&Y, HX_GPU, gpu);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t i = 0; i < D; i++) {
+            const float want = (t == 2 || t == 4) ? 0.0f : cpu[t * D + i];
+            ck_assert_msg(gpu[t * D + i] == want, "get_rows bad id: y[%lld][%lld] = %g, expected %g", (long long)t,
+                          (long long)i, (double)gpu[t * D + i], (double)want);
+        }
+    hx_free(&tab);
+    hx_free(&ok);
+    hx_free(&bad);
+    hx_free(&Y);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * rms_norm */
+
+static const char *const wmode_names[] = {"W_NONE", "W", "W_ONE_PLUS", "UNIT"};
+static const char *const rmode_names[] = {"NONE", "ADD_AFTER", "ADD_BEFORE"};
+
+/* alias: y is x itself. strided: x (and y, residual) are rows of n inside rows of n + 9, 3-D. */
+static void rms_case(int wmode, int rmode, int64_t n, int64_t rows, berth_dtype wdt, bool alias, bool strided)
+{
+    char what[128];
+    snprintf(what, sizeof what, "rms_norm weight=%s resid=%s n=%lld rows=%lld w=%s%s%s", wmode_names[wmode],
+             rmode_names[rmode], (long long)n, (long long)rows, dt_name(wdt), alias ? " y=x" : "",
+             strided ? " strided" : "");
+    const int64_t pad = strided ? 9 : 0;
+    struct hx_tensor X = hx_new(F32, n + pad, rows, 0, 0), R = hx_new(F32, n + pad, rows, 0, 0);
+    struct hx_tensor Y = hx_new(F32, n + pad, rows, 0, 0), Wt = hx_new(wdt, n, 0, 0, 0);
+    hx_rand(&X, -2.0f, 2.0f);
+    hx_rand(&R, -1.0f, 1.0f);
+    hx_rand(&Y, -1.0f, 1.0f);
+    hx_rand(&Wt, -1.0f, 1.0f);
+    berth_rms_norm_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].weight_mode = wmode;
+        p[s].resid_mode = rmode;
+        p[s].eps = 1e-6f;
+        if (strided) { /* rows as {n, 2, rows/2}: the second dim's stride skips the padding */
+            p[s].x = tview(&X, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+            p[s].residual = tview(&R, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+            p[s].y = tview(&Y, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+        } else {
+            p[s].x = X.t[s];
+            p[s].residual = R.t[s];
+            p[s].y = Y.t[s];
+        }
+        if (alias)
+            p[s].y = p[s].x;
+        if (wmode == BERTH_NORM_W || wmode == BERTH_NORM_W_ONE_PLUS)
+            p[s].w = Wt.t[s];
+        if (rmode == BERTH_RESID_NONE)
+            memset(&p[s].residual, 0, sizeof p[s].residual);
+    }
+    run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_expect_close(alias ? &X : &Y, EW_ATOL, EW_RTOL, what);
+    if (rmode == BERTH_RESID_ADD_BEFORE)
+        hx_expect_close(&R, EW_ATOL, EW_RTOL, what);
+    hx_free(&X);
+    hx_free(&R);
+    hx_free(&Y);
+    hx_free(&Wt);
+}
+
+START_TEST(test_rms_norm_modes)
+{
+    /* _i: weight mode x residual mode; each at a warp-per-row size and a block-per-row size */
+    const int wmode = _i / 3, rmode = _i % 3;
+    const berth_dtype wdt = wmode == BERTH_NORM_W_ONE_PLUS ? BF16 : F32;
+    rms_case(wmode, rmode, 96, 5, wdt, false, false);
+    rms_case(wmode, rmode, 1536, 3, wdt, false, false);
+}
+END_TEST
+
+START_TEST(test_rms_norm_alias_strided)
+{
+    for (int rmode = 0; rmode < 3; rmode++) {
+        rms_case(BERTH_NORM_W_ONE_PLUS, rmode, 1536, 4, BF16, true, false);
+        rms_case(BERTH_NORM_W, rmode, 200, 8, F16, true, false);
+        rms_case(BERTH_NORM_W, rmode, 2048, 6, BF16, false, true);
+        rms_case(BERTH_NORM_UNIT, rmode, 256, 10, F32, true, true);
+    }
+    rms_case(BERTH_NORM_W, BERTH_RESID_ADD_BEFORE, 16384, 3, BF16, false, false); /* 1024-thread blocks */
+    rms_case(BERTH_NORM_W, BERTH_RESID_NONE, 1, 33, F32, false, false);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * layer_norm */
+
+#define LN_ATOL 2e-5
+static void layer_norm_case(int with_w, int with_b, int rmode, int64_t n, int64_t rows, bool alias)
+{
+    char what[128];
+    snprintf(what, sizeof what, "layer_norm w=%d b=%d resid=%s n=%lld rows=%lld%s", with_w, with_b,
+             rmode_names[rmode], (long long)n, (long long)rows, alias ? " y=x" : "");
+    struct hx_tensor X = hx_new(F32, n, rows, 0, 0), R = hx_new(F32, n, rows, 0, 0), Y = hx_new(F32, n, rows, 0, 0);
+    struct hx_tensor Wt = hx_new(BF16, n, 0, 0, 0), Bt = hx_new(F32, n, 0, 0, 0);
+    hx_rand(&X, -1.0f, 3.0f); /* a mean away from 0 */
+    hx_rand(&R, -1.0f, 1.0f);
+    hx_rand(&Wt, -1.0f, 1.0f);
+    hx_rand(&Bt, -1.0f, 1.0f);
+    berth_layer_norm_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].resid_mode = rmode;
+        p[s].eps = 1e-5f;
+        p[s].x = X.t[s];
+        p[s].y = alias ? X.t[s] : Y.t[s];
+        if (rmode != BERTH_RESID_NONE)
+            p[s].residual = R.t[s];
+        if (with_w)
+            p[s].w = Wt.t[s];
+        if (with_b)
+            p[s].b = Bt.t[s];
+    }
+    run_op(BERTH_OP_LAYER_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    /* (x - mean) / sd over thousands of elements: the two backends sum in different orders, and a bias near 1
+     * cancels against normalised values near -1, so the absolute error is that of the normalised value. */
+    hx_expect_close(alias ? &X : &Y, LN_ATOL, EW_RTOL, what);
+    if (rmode == BERTH_RESID_ADD_BEFORE)
+        hx_expect_close(&R, LN_ATOL, EW_RTOL, what);
+    hx_free(&X);
+    hx_free(&R);
+    hx_free(&Y);
+    hx_free(&Wt);
+    hx_free(&Bt);
+}
+
+START_TEST(test_layer_norm)
+{
+    for (int rmode = 0; rmode < 3; rmode++) {
+        layer_norm_case(1, 1, rmode, 96, 5, false);
+        layer_norm_case(1, 0, rmode, 1536, 3, false);
+        layer_norm_case(0, 0, rmode, 1024, 4, false);
+        layer_norm_case(0, 1, rmode, 5000, 2, true);
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * gated_rms_norm */
+
+static void gated_case(int act, int64_t n, int64_t rows, berth_dtype wdt)
+{
+    char what[96];
+    snprintf(what, sizeof what, "gated_rms_norm act=%d n=%lld rows=%lld w=%s", act, (long long)n, (long long)rows,
+             dt_name(wdt));
+    struct hx_tensor X = hx_new(F32, n, rows, 0, 0), Z = hx_new(F32, n, rows, 0, 0), Y = hx_new(F32, n, rows, 0, 0);
+    struct hx_tensor Wt = hx_new(wdt, n, 0, 0, 0);
+    hx_rand(&X, -2.0f, 2.0f);
+    hx_rand(&Z, -4.0f, 4.0f);
+    hx_rand(&Wt, -1.0f, 1.0f);
+    berth_gated_rms_norm_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].act = act;
+        p[s].eps = 1e-6f;
+        p[s].x = X.t[s];
+        p[s].z = Z.t[s];
+        p[s].w = Wt.t[s];
+        p[s].y = Y.t[s];
+    }
+    run_op(BERTH_OP_GATED_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_free(&X);
+    hx_free(&Z);
+    hx_free(&Y);
+    hx_free(&Wt);
+}
+
+START_TEST(test_gated_rms_norm)
+{
+    gated_case(BERTH_ACT_SILU, 128, 6, F32);
+    gated_case(BERTH_ACT_SILU, 2048, 3, BF16);
+    gated_case(BERTH_ACT_SIGMOID, 77, 4, F16);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * unary */
+
+static void unary_case(int act, float in_scale, float out_scale, float lo, float hi, int64_t n, int64_t rows,
+                       bool alias, bool strided)
+{
+    char what[128];
+    snprintf(what, sizeof what, "unary act=%d in=%g out=%g n=%lld rows=%lld%s%s", act, (double)in_scale,
+             (double)out_scale, (long long)n, (long long)rows, alias ? " y=x" : "", strided ? " strided" : "");
+    const int64_t pad = strided ? 5 : 0;
+    struct hx_tensor X = hx_new(F32, n + pad, rows, 0, 0), Y = hx_new(F32, n, rows, 0, 0);
+    hx_rand(&X, lo, hi);
+    berth_unary_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].act = act;
+        p[s].in_scale = in_scale;
+        p[s].out_scale = out_scale;
+        p[s].x = strided ? tview(&X, s, 1, n, 3, rows / 3, 1, n + pad, 3 * (n + pad), rows * (n + pad)) : X.t[s];
+        p[s].y = alias ? p[s].x : strided ? tview(&Y, s, 0, n, 3, rows / 3, 1, n, 3 * n, rows * n) : Y.t[s];
+    }
+    run_op(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
+    if (!alias)
+        hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_expect_close(&X, EW_ATOL, EW_RTOL, what); /* unchanged, or the aliased result */
+    hx_free(&X);
+    hx_free(&Y);
+}
+
+START_TEST(test_unary)
+{
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_EXP; act++) {
+        unary_case(act, 0.7f, 1.3f, -4.0f, 4.0f, 300, 7, false, false);
+        unary_case(act, 1.0f, 1.0f, -4.0f, 4.0f, 1, 37, false, false);
+    }
+    /* logit softcap in place: 30 tanh(x / 30) */
+    unary_case(BERTH_ACT_TANH, 1.0f / 30.0f, 30.0f, -60.0f, 60.0f, 1000, 3, true, false);
+    unary_case(BERTH_ACT_GELU_TANH, 1.0f, 1.0f, -4.0f, 4.0f, 64, 6, false, true);
+    unary_case(BERTH_ACT_SILU, 0.5f, 2.0f, -4.0f, 4.0f, 64, 9, true, true);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * glu: gate and up are the two halves of one fused projection output, as the models use them. */
+
+static void glu_case(int act, int64_t D, int64_t T, bool alias)
+{
+    char what[96];
+    snprintf(what, sizeof what, "glu act=%d D=%lld T=%lld%s", act, (long long)D, (long long)T,
+             alias ? " y=gate" : "");
+    struct hx_tensor F = hx_new(F32, 2 * D, T, 0, 0), Y = hx_new(F32, D, T, 0, 0);
+    hx_rand(&F, -4.0f, 4.0f);
+    berth_glu_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].act = act;
+        p[s].gate = tview(&F, s, 0, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
+        p[s].up = tview(&F, s, D, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
+        p[s].y = alias ? p[s].gate : Y.t[s];
+    }
+    run_op(BERTH_OP_GLU, &p[HX_CPU], &p[HX_GPU], what);
+    if (!alias)
+        hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_expect_close(&F, EW_ATOL, EW_RTOL, what);
+    hx_free(&F);
+    hx_free(&Y);
+}
+
+START_TEST(test_glu)
+{
+    for (int act = BERTH_ACT_IDENTITY; act <= BERTH_ACT_EXP; act++)
+        glu_case(act, 100, 3, false);
+    glu_case(BERTH_ACT_GELU_TANH, 6144, 2, false);
+    glu_case(BERTH_ACT_SILU, 333, 5, true);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * binary: a ne {48, 4, 5}; b broadcast along the dims where its ne is 1 */
+
+static void binary_case(int op, berth_dtype bdt, int64_t b0, int64_t b1, int64_t b2, float scale, bool alias)
+{
+    const int64_t D = 48, H = 4, T = 5;
+    char what[96];
+    snprintf(what, sizeof what, "binary op=%d b=%s {%lld,%lld,%lld} scale=%g%s", op, dt_name(bdt), (long long)b0,
+             (long long)b1, (long long)b2, (double)scale, alias ? " y=a" : "");
+    struct hx_tensor A = hx_new(F32, D, H, T, 0), Bt = hx_new(bdt, b0, b1, b2, 0), Y = hx_new(F32, D, H, T, 0);
+    hx_rand(&A, -2.0f, 2.0f);
+    hx_rand(&Bt, -2.0f, 2.0f);
+    berth_binary_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].op = op;
+        p[s].scale = scale;
+        p[s].a = A.t[s];
+        p[s].b = Bt.t[s];
+        p[s].y = alias ? A.t[s] : Y.t[s];
+    }
+    run_op(BERTH_OP_BINARY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_expect_close(alias ? &A : &Y, EW_ATOL, EW_RTOL, what);
+    hx_free(&A);
+    hx_free(&Bt);
+    hx_free(&Y);
+}
+
+START_TEST(test_binary)
+{
+    for (int op = BERTH_BINARY_ADD; op <= BERTH_BINARY_MUL; op++) {
+        binary_case(op, F32, 48, 1, 1, 0.5f, false);  /* per feature */
+        binary_case(op, BF16, 1, 4, 1, 1.0f, false);  /* per head */
+        binary_case(op, F32, 1, 1, 1, -2.0f, false);  /* scalar */
+        binary_case(op, F16, 48, 1, 5, 0.25f, false); /* per token and feature */
+        binary_case(op, F32, 48, 4, 5, 1.0f, true);   /* full shape, in place */
+        binary_case(op, BF16, 1, 4, 5, 3.0f, true);
+    }
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * copy: x {40, 3, 6} (optionally a view with padded rows) into a view of a {40, 5, 6} tensor (KV-cache-like) */
+
+static void copy_case(berth_dtype xdt, berth_dtype ydt, bool x_strided)
+{
+    const int64_t D = 40, H = 3, T = 6, HY = 5;
+    char what[96];
+    snprintf(what, sizeof what, "copy %s -> %s%s", dt_name(xdt), dt_name(ydt), x_strided ? " (strided x)" : "");
+    struct hx_tensor X = hx_new(xdt, x_strided ? D + 3 : D, H, T, 0), Y = hx_new(ydt, D, HY, T, 0);
+    hx_rand(&X, -3.0f, 3.0f);
+    hx_rand(&Y, -1.0f, 1.0f); /* the rows outside the view must stay as they are */
+    berth_copy_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].x = x_strided ? tview(&X, s, 2, D, H, T, 1, D + 3, (D + 3) * H, (D + 3) * H * T) : X.t[s];
+        p[s].y = tview(&Y, s, D, D, H, T, 1, D, D * HY, D * HY * T); /* heads 1..3 of 5 */
+    }
+    run_op(BERTH_OP_COPY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_expect_equal(&Y, what);
+    hx_free(&X);
+    hx_free(&Y);
+}
+
+START_TEST(test_copy)
+{
+    copy_case(F32, BF16, false);
+    copy_case(F32, F16, true);
+    copy_case(BF16, F32, false);
+    copy_case(F16, F32, true);
+    copy_case(F16, BF16, false);
+    copy_case(BF16, F16, false);
+    copy_case(F32, F32, true);
+    copy_case(BF16, BF16, true);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * rope: x {d, H, T}; positions up to 8000 (angles of thousands of radians); freqs 10000^(-2j/d) */
+
+static void rope_case(int mode, int64_t d, int64_t H, int64_t T, int32_t off, int32_t np, bool in_place,
+                      bool strided)
+{
+    char what[128];
+    snprintf(what, sizeof what, "rope %s d=%lld H=%lld T=%lld pair_offset=%d n_pairs=%d%s%s",
+             mode == BERTH_ROPE_HALF ? "HALF" : "INTERLEAVED", (long long)d, (long long)H, (long long)T, off, np,
+             in_place ? " in place" : "", strided ? " strided" : "");
+    const int64_t heads_x = strided ? H + 2 : H; /* strided: q inside a fused {d, H + 2, T} projection */
+    struct hx_tensor X = hx_new(F32, d, heads_x, T, 0), Y = hx_new(F32, d, H, T, 0), P = hx_new(I32, T, 0, 0, 0);
+    struct hx_tensor Fq = hx_new(F32, np > 0 ? np : 1, 0, 0, 0);
+    hx_rand(&X, -1.0f, 1.0f);
+    hx_rand_int(&P, 0, 8000);
+    float *fr = malloc((size_t)(np > 0 ? np : 1) * sizeof *fr);
+    ck_assert_ptr_nonnull(fr);
+    for (int32_t j = 0; j < (np > 0 ? np : 1); j++)
+        fr[j] = powf(10000.0f, -2.0f * (float)j / (float)d);
+    hx_set(&Fq, fr);
+    free(fr);
+    berth_rope_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].mode = mode;
+        p[s].pair_offset = off;
+        p[s].n_pairs = np;
+        p[s].x = strided ? tview(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
+        p[s].y = in_place ? p[s].x : Y.t[s];
+        p[s].positions = P.t[s];
+        if (np > 0)
+            p[s].freqs = Fq.t[s];
+    }
+    run_op(BERTH_OP_ROPE, &p[HX_CPU], &p[HX_GPU], what);
+    if (!in_place)
+        hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_expect_close(&X, EW_ATOL, EW_RTOL, what);
+    hx_free(&X);
+    hx_free(&Y);
+    hx_free(&P);
+    hx_free(&Fq);
+}
+
+START_TEST(test_rope)
+{
+    rope_case(BERTH_ROPE_HALF, 64, 3, 5, 32, 16, false, false);    /* n_pairs < d/2 */
+    rope_case(BERTH_ROPE_HALF, 512, 2, 3, 256, 64, false, false);  /* Gemma 4 full-attention layers */
+    rope_case(BERTH_ROPE_HALF, 256, 4, 2, 32, 32, false, false);   /* Qwen3.5 partial rotary */
+    rope_case(BERTH_ROPE_HALF, 256, 8, 7, 128, 128, false, true);  /* full rotary, q inside fused qkv */
+    rope_case(BERTH_ROPE_HALF, 64, 3, 4, 32, 0, false, false);     /* nothing rotates: a copy */
+    rope_case(BERTH_ROPE_HALF, 64, 3, 4, 40, 20, true, false);     /* in place, unrotated middle and tail */
+    rope_case(BERTH_ROPE_INTERLEAVED, 64, 3, 5, 0, 20, false, false);
+    rope_case(BERTH_ROPE_INTERLEAVED, 64, 2, 3, 0, 32, true, false);
+    rope_case(BERTH_ROPE_INTERLEAVED, 96, 2, 6, 0, 17, false, true);
+}
+END_TEST
+
+/* --------------------------------------------------------------------------------------------------------------- */
+
+static Suite *make_suite(void)
+{
+    Suite *s = suite_create("cuda_ops_dense");
+    TCase *tc = tcase_create("matmul");
+    tcase_set_timeout(tc, 240);
+    tcase_add_loop_test(tc, test_matmul, 0, N_MM_CASES);
+    tcase_add_test(tc, test_matmul_supports);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("norm");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test_rms_norm_modes, 0, 12);
+    tcase_add_test(tc, test_rms_norm_alias_strided);
+    tcase_add_test(tc, test_layer_norm);
+    tcase_add_test(tc, test_gated_rms_norm);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("elementwise");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_get_rows);
+    tcase_add_test(tc, test_get_rows_bad_id);
+    tcase_add_test(tc, test_unary);
+    tcase_add_test(tc, test_glu);
+    tcase_add_test(tc, test_binary);
+    tcase_add_test(tc, test_copy);
+    tcase_add_test(tc, test_rope);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(int argc, char **argv)
+{
+    return hx_main(argc, argv, make_suite);
+}
