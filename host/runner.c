@@ -30,8 +30,8 @@ struct runner {
      * batch size ("bucket"), recorded the second time that size runs (the first, eager run sizes every workspace)
      * and replayed afterwards with new contents in the same metadata buffers. */
     int graphs;
-    berth_graph **graph;      /* [max_seqs + 1], by bucket size */
-    uint8_t *graph_seen;      /* [max_seqs + 1]: the bucket ran eagerly once */
+    berth_graph **graph;      /* [(max_seqs + 1) * RUNNER_GRAPH_WIDTHS], by bucket size and table-width level */
+    uint8_t *graph_seen;      /* same shape: the (bucket, width) ran eagerly once */
 
     /* One metadata buffer, carved into sections (offsets below); host staging copies beside it. */
     berth_buffer *meta;
@@ -107,10 +107,17 @@ static berth_status fail_with_backend(berth_status st, const char *what)
     return berth_fail(st, "%s: %s", what, inner[0] ? inner : berth_status_str(st));
 }
 
+/* A decode graph is recorded for a batch size and a block-table width: the attention kernels size their work
+ * from the table's width while recording (berth/backend.h), so the width is bucketed to powers of two from
+ * RUNNER_GRAPH_MIN_WIDTH blocks, and a step uses the graph of the smallest width that holds its longest sequence.
+ * (The full per-sequence width, max_positions / block_size, would make every short step pay for 128k keys.) */
+#define RUNNER_GRAPH_WIDTHS 24
+#define RUNNER_GRAPH_MIN_WIDTH 16
+
 static void drop_graphs(struct runner *r)
 {
     if (!r->graph) return;
-    for (int32_t b = 0; b <= r->max_seqs; b++) {
+    for (int32_t b = 0; b < (r->max_seqs + 1) * RUNNER_GRAPH_WIDTHS; b++) {
         if (r->graph[b]) r->be->vt->graph_destroy(r->be->be, r->graph[b]);
         r->graph[b] = NULL;
         r->graph_seen[b] = 0;
@@ -305,8 +312,8 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
         BERTH_HAS(vt, berth_backend_vtable, graph_destroy) && vt->graph_begin && vt->graph_end && vt->graph_launch &&
         vt->graph_destroy && BERTH_HAS(&r->info, berth_model_info, graph_safe) && r->info.graph_safe &&
         r->layout.n_states == 0 && r->logits_rows >= r->max_seqs) {
-        r->graph = calloc((size_t)r->max_seqs + 1, sizeof *r->graph);
-        r->graph_seen = calloc((size_t)r->max_seqs + 1, 1);
+        r->graph = calloc(((size_t)r->max_seqs + 1) * RUNNER_GRAPH_WIDTHS, sizeof *r->graph);
+        r->graph_seen = calloc(((size_t)r->max_seqs + 1) * RUNNER_GRAPH_WIDTHS, 1);
         if (!r->graph || !r->graph_seen) {
             st = berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
             goto fail;
@@ -431,25 +438,25 @@ static int32_t graph_bucket(const struct runner *r, int32_t n)
 
 /* forward() eagerly, or through the bucket's graph: recorded on the bucket's second run, replayed after that. A
  * recording that fails turns graphs off for the runner (with a warning) and runs the step eagerly. */
-static berth_status run_forward(struct runner *r, const berth_batch *b, int32_t bucket)
+static berth_status run_forward(struct runner *r, const berth_batch *b, int32_t bucket, int32_t key)
 {
     const berth_backend_vtable *vt = r->be->vt;
     berth_backend *be = r->be->be;
     berth_status st;
-    if (bucket && r->graph[bucket]) {
-        st = vt->graph_launch(be, r->stream, r->graph[bucket]);
+    if (bucket && r->graph[key]) {
+        st = vt->graph_launch(be, r->stream, r->graph[key]);
         if (st) return fail_with_backend(st, "cannot replay a decode graph");
         r->stats.graph_replays++;
         return BERTH_OK;
     }
-    if (bucket && r->graph_seen[bucket]) {
+    if (bucket && r->graph_seen[key]) {
         st = vt->graph_begin(be, r->stream);
         if (!st) {
             berth_status fst = r->cfg.mvt->forward(r->cfg.model, r->stream, b);
             berth_graph *g = NULL;
             st = vt->graph_end(be, r->stream, &g);
             if (!fst && !st) {
-                r->graph[bucket] = g;
+                r->graph[key] = g;
                 r->stats.graph_captures++;
                 r->stats.forward_calls++;
                 st = vt->graph_launch(be, r->stream, g);
@@ -465,7 +472,7 @@ static berth_status run_forward(struct runner *r, const berth_batch *b, int32_t 
     }
     st = r->cfg.mvt->forward(r->cfg.model, r->stream, b);
     r->stats.forward_calls++;
-    if (!st && bucket) r->graph_seen[bucket] = 1;
+    if (!st && bucket) r->graph_seen[key] = 1;
     return st;
 }
 
@@ -557,8 +564,14 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     if (r->layout.n_states > 0 && (st = upload(r, r->off_state_slots, r->h_state_slots, (uint64_t)n_seqs * 4)))
         return st;
 
-    /* A graph replays with the block table's shape it was recorded with: the full per-sequence width. */
-    int32_t width = bucket ? r->table_cap : kv_batch_table_width(r->kv, r->spans, n_real);
+    /* A graph replays with the block table's shape it was recorded with: a power-of-two width level. */
+    int32_t width = kv_batch_table_width(r->kv, r->spans, n_real), graph_key = 0;
+    if (bucket) {
+        int32_t w = RUNNER_GRAPH_MIN_WIDTH, level = 0;
+        while (w < width && level + 1 < RUNNER_GRAPH_WIDTHS) w *= 2, level++;
+        width = w < r->table_cap ? w : r->table_cap;
+        graph_key = bucket * RUNNER_GRAPH_WIDTHS + level;
+    }
     for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
         st = kv_batch_tables(r->kv, g, r->spans, n_real, width, r->h_table, r->h_slots);
         if (st) return st;
@@ -597,7 +610,7 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     b.states = r->sb;
     b.logits = tensor_2d(r->logits, 0, BERTH_DTYPE_F32, r->info.vocab_size, n_logits);
 
-    st = run_forward(r, &b, bucket);
+    st = run_forward(r, &b, bucket, graph_key);
     if (st) {
         if (!berth_last_error()[0]) berth_fail(st, "model forward failed: %s", berth_status_str(st));
         return st;

@@ -19,7 +19,8 @@
  * synchronisation), so the kernels defend themselves instead of reporting: a sequence whose seq_q_start range is
  * not inside [0, T] is skipped, seq_kv_len is clamped to [0, max_blocks * block_size], and a key whose
  * block-table entry is negative or not a block of the pool is treated as absent (never dereferenced). Rows that
- * see no key write zeros. (The CPU backend reports the invalid cases as BERTH_E_INVALID; see the report.)
+ * see no key write zeros. (The CPU backend reports those cases as BERTH_E_INVALID; an asynchronous backend could
+ * only do so through a device-side error word checked at stream_sync, which does not exist yet.)
  *
  * Tensor-core path (not here yet): the prefill kernel's two inner products (S = Q K^T over the head dim, O += P V
  * over the key tile) are the only places that would change to mma.sync (bf16 m16n8k16 in BF16 compute mode,

@@ -255,6 +255,12 @@ static void stream_free(struct berth_stream *s)
     (void)cudaStreamSynchronize(s->cs);
     if (s->dev.ptr)
         (void)cudaFree(s->dev.ptr);
+    while (s->retired) {
+        struct cu_retired *r = s->retired;
+        s->retired = r->next;
+        (void)cudaFree(r->ptr);
+        free(r);
+    }
     (void)cudaStreamDestroy(s->cs);
     if (s->host_free)
         (void)cudaEventDestroy(s->host_free);
@@ -506,8 +512,19 @@ static berth_status ws_grow(berth_backend *be, berth_stream *s, struct cu_worksp
     snprintf(what, sizeof what, "%s(%zu bytes, workspace)", pinned ? "cudaMallocHost" : "cudaMalloc", want);
     if ((st = cu_check(be, pinned ? cudaMallocHost(&p, want) : cudaMalloc(&p, want), what)) != BERTH_OK)
         return st;
-    if (w->ptr)
-        (void)(pinned ? cudaFreeHost(w->ptr) : cudaFree(w->ptr));
+    if (w->ptr && pinned) {
+        (void)cudaFreeHost(w->ptr);
+    } else if (w->ptr) {
+        /* A graph recorded earlier on this stream may use the old scratch whenever it is replayed. */
+        struct cu_retired *r = (struct cu_retired *)malloc(sizeof *r);
+        if (!r) {
+            (void)cudaFree(p);
+            return cu_fail(be->host, BERTH_E_NOMEM, "cuda: out of host memory (workspace)");
+        }
+        r->ptr = w->ptr;
+        r->next = s->retired;
+        s->retired = r;
+    }
     w->ptr = p;
     w->size = want;
     return BERTH_OK;

@@ -53,16 +53,23 @@ struct berth_buffer {
 };
 
 /* Scratch memory owned by a stream: ops on one stream run in order, so each op may use the whole workspace for
- * its own duration. Grown on demand (outside graph capture), after the stream drained. */
+ * its own duration. Grown on demand (outside graph capture), after the stream drained. A recorded graph keeps the
+ * address it was recorded with, so an outgrown device workspace is retired, not freed, until the stream goes. */
 struct cu_workspace {
     void *ptr;
     size_t size;
+};
+
+struct cu_retired {
+    void *ptr;
+    struct cu_retired *next;
 };
 
 struct berth_stream {
     struct berth_stream *prev, *next;
     cudaStream_t cs;
     struct cu_workspace dev;    /* device scratch */
+    struct cu_retired *retired; /* outgrown device scratch that recorded graphs may still use */
     struct cu_workspace host;   /* pinned host scratch for per-call host arrays (sampling parameters) */
     cudaEvent_t host_free;      /* recorded after the last copy out of `host`: wait before rewriting it */
     int host_pending;           /* host_free was recorded and not yet waited for */
