@@ -745,7 +745,7 @@ START_TEST(test_supports_rejections)
     mm.w.nb[1] -= 2;
     mm.struct_size = 8;
     char msg[128];
-    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.2's %zu",
+    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.3's %zu",
              (size_t)BERTH_SIZE_TO(berth_matmul_params, y));
     expect_unsupported(BERTH_OP_MATMUL, &mm, msg);
     mm.struct_size = sizeof mm;

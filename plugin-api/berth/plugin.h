@@ -61,9 +61,10 @@ extern "C" {
 #endif
 
 #define BERTH_ABI_MAJOR 0
-#define BERTH_ABI_MINOR 2
-/* Oldest minor the host accepts within this major. While the ABI is 0.x every minor may break layouts, so this
- * equals BERTH_ABI_MINOR; from 1.0 on it is 0 (any minor is bridged by struct_size). */
+#define BERTH_ABI_MINOR 3
+/* Oldest minor the host accepts within this major. While the ABI is 0.x a minor may break layouts; the minimum is
+ * the oldest minor still layout-compatible (0.3 only appended to 0.2); from 1.0 on it is 0 (any minor is bridged
+ * by struct_size). */
 #define BERTH_ABI_MINOR_MIN 2
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
