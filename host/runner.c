@@ -38,6 +38,16 @@ struct runner {
     uint64_t off_tokens, off_positions, off_q_start, off_kv_len, off_logit_rows, off_state_slots, off_ids, off_lp, off_top_ids, off_top_lp;
     uint64_t *off_table, *off_slots; /* per KV group */
     int32_t *h_tokens, *h_positions, *h_q_start, *h_kv_len, *h_logit_rows, *h_state_slots, *h_table, *h_slots;
+    /* On an asynchronous backend whose staging buffers are host-addressable, the step metadata is written straight
+     * into one of two pinned mirrors of `meta` (same offsets) and sent with asynchronous copies: no pageable
+     * transfers, and the host fills step N+1's mirror while step N's copies may still be in flight. A mirror is
+     * reused only after a stream sync has passed since its last use (decode steps sync every step anyway). */
+    int staged;
+    berth_buffer *stage[2];
+    char *stage_ptr[2];
+    int64_t stage_used_at[2]; /* value of `syncs` when the mirror was last filled; -1 = never */
+    int stage_cur;
+    int64_t syncs;            /* stream syncs the runner has made */
     struct kv_seq_span *spans;
     berth_kv_group_batch *gb;
 
@@ -124,12 +134,22 @@ static void drop_graphs(struct runner *r)
     }
 }
 
+static void setup_staging(struct runner *r, uint64_t bytes);
+static berth_status stage_select(struct runner *r);
+
+static berth_status sync_stream(struct runner *r)
+{
+    berth_status st = r->be->vt->stream_sync(r->be->be, r->stream);
+    if (!st) r->syncs++;
+    return st;
+}
+
 static berth_status alloc_logits(struct runner *r, int32_t rows)
 {
     if (rows <= r->logits_rows) return BERTH_OK;
     if (r->logits) {
         /* Nothing may still read the old buffer, and no recorded graph may write it. */
-        berth_status st = r->be->vt->stream_sync(r->be->be, r->stream);
+        berth_status st = sync_stream(r);
         if (st) return fail_with_backend(st, "stream sync");
         drop_graphs(r);
         r->be->vt->buffer_free(r->be->be, r->logits);
@@ -191,6 +211,61 @@ static berth_status alloc_meta(struct runner *r)
         r->meta = NULL;
         return fail_with_backend(st, "cannot allocate the step metadata buffer");
     }
+    setup_staging(r, off);
+    return BERTH_OK;
+}
+
+/* The pinned mirrors (see struct runner). Optional: without them (synchronous backend, no host-addressable staging
+ * memory, or an allocation that fails) the h_* arrays stay in host memory and go up with buffer_upload. */
+static void setup_staging(struct runner *r, uint64_t bytes)
+{
+    const berth_backend_vtable *vt = r->be->vt;
+    if (!r->be->device || !(r->be->device->caps & BERTH_CAP_ASYNC) || !vt->buffer_host_ptr) return;
+    for (int k = 0; k < 2; k++) {
+        void *p = NULL;
+        if (vt->buffer_alloc(r->be->be, bytes, BERTH_USAGE_STAGING, &r->stage[k]) != BERTH_OK) r->stage[k] = NULL;
+        if (!r->stage[k] || vt->buffer_host_ptr(r->be->be, r->stage[k], &p) != BERTH_OK || !p) {
+            for (int j = 0; j <= k; j++) {
+                if (r->stage[j]) vt->buffer_free(r->be->be, r->stage[j]);
+                r->stage[j] = NULL;
+            }
+            berth_clear_error();
+            return;
+        }
+        r->stage_ptr[k] = p;
+        r->stage_used_at[k] = -1;
+    }
+    free(r->h_tokens);
+    free(r->h_positions);
+    free(r->h_q_start);
+    free(r->h_kv_len);
+    free(r->h_logit_rows);
+    free(r->h_state_slots);
+    free(r->h_table);
+    free(r->h_slots);
+    r->staged = 1;
+    r->stage_cur = 1;
+    (void)stage_select(r); /* cannot fail: no mirror was used yet */
+}
+
+/* Point the h_* arrays of the coming step into the next mirror, after making sure its last copies are done. */
+static berth_status stage_select(struct runner *r)
+{
+    if (!r->staged) return BERTH_OK;
+    int k = 1 - r->stage_cur;
+    if (r->stage_used_at[k] >= 0 && r->stage_used_at[k] == r->syncs) {
+        berth_status st = sync_stream(r);
+        if (st) return fail_with_backend(st, "stream sync");
+    }
+    r->stage_cur = k;
+    r->stage_used_at[k] = r->syncs;
+    char *base = r->stage_ptr[k];
+    r->h_tokens = (int32_t *)(base + r->off_tokens);
+    r->h_positions = (int32_t *)(base + r->off_positions);
+    r->h_q_start = (int32_t *)(base + r->off_q_start);
+    r->h_kv_len = (int32_t *)(base + r->off_kv_len);
+    r->h_logit_rows = (int32_t *)(base + r->off_logit_rows);
+    r->h_state_slots = (int32_t *)(base + r->off_state_slots);
     return BERTH_OK;
 }
 
@@ -343,14 +418,18 @@ void runner_free(struct runner *r)
     free(r->off_table);
     free(r->off_slots);
     free(r->gb);
-    free(r->h_tokens);
-    free(r->h_positions);
-    free(r->h_q_start);
-    free(r->h_kv_len);
-    free(r->h_logit_rows);
-    free(r->h_state_slots);
-    free(r->h_table);
-    free(r->h_slots);
+    for (int k = 0; k < 2; k++)
+        if (r->stage[k]) be->vt->buffer_free(be->be, r->stage[k]);
+    if (!r->staged) { /* else they point into the mirrors (their heap copies went at setup) */
+        free(r->h_tokens);
+        free(r->h_positions);
+        free(r->h_q_start);
+        free(r->h_kv_len);
+        free(r->h_logit_rows);
+        free(r->h_state_slots);
+        free(r->h_table);
+        free(r->h_slots);
+    }
     free(r->spans);
     free(r);
 }
@@ -414,7 +493,13 @@ int32_t runner_seq_len(const struct runner *r, int32_t seq) { return kv_seq_len(
 static berth_status upload(struct runner *r, uint64_t off, const void *src, uint64_t bytes)
 {
     if (bytes == 0) return BERTH_OK;
-    berth_status st = r->be->vt->buffer_upload(r->be->be, r->stream, r->meta, off, src, bytes);
+    berth_status st;
+    if (r->staged) {
+        /* src is stage_ptr[cur] + off (stage_select): an asynchronous pinned -> device copy at the same offset */
+        st = r->be->vt->buffer_copy(r->be->be, r->stream, r->meta, off, r->stage[r->stage_cur], off, bytes);
+        return st ? fail_with_backend(st, "cannot copy step metadata") : BERTH_OK;
+    }
+    st = r->be->vt->buffer_upload(r->be->be, r->stream, r->meta, off, src, bytes);
     return st ? fail_with_backend(st, "cannot upload step metadata") : BERTH_OK;
 }
 
@@ -514,6 +599,9 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         if (all_decode) bucket = graph_bucket(r, n_seqs);
     }
 
+    berth_status sst = stage_select(r);
+    if (sst) return sst;
+
     /* Reserve KV blocks, then lay the step out. */
     int32_t n_logits = 0, max_q = 0, max_kv = 0, tok = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
@@ -573,6 +661,10 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         graph_key = bucket * RUNNER_GRAPH_WIDTHS + level;
     }
     for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
+        if (r->staged) {
+            r->h_table = (int32_t *)(r->stage_ptr[r->stage_cur] + r->off_table[g]);
+            r->h_slots = (int32_t *)(r->stage_ptr[r->stage_cur] + r->off_slots[g]);
+        }
         st = kv_batch_tables(r->kv, g, r->spans, n_real, width, r->h_table, r->h_slots);
         if (st) return st;
         for (int64_t j = (int64_t)n_real * width; j < (int64_t)n_seqs * width; j++) r->h_table[j] = -1;
@@ -642,7 +734,7 @@ berth_status runner_logits(struct runner *r, int32_t first, int32_t n_rows, floa
     berth_status st = r->be->vt->buffer_download(r->be->be, r->stream, r->logits, (uint64_t)first * row, dst,
                                                  (uint64_t)n_rows * row);
     if (st) return fail_with_backend(st, "cannot download logits");
-    st = r->be->vt->stream_sync(r->be->be, r->stream);
+    st = sync_stream(r);
     return st ? fail_with_backend(st, "stream sync") : BERTH_OK;
 }
 
@@ -667,7 +759,7 @@ berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, i
             st = runner_logits(r, 0, 1, logits_out);
     }
     if (!st && !logits_out) {
-        st = r->be->vt->stream_sync(r->be->be, r->stream);
+        st = sync_stream(r);
         if (st) st = fail_with_backend(st, "stream sync");
     }
     r->stats.prefill_seconds += now_seconds() - t0;
@@ -824,7 +916,7 @@ berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_ro
             st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_ids, tid, n * (size_t)n_top * 4);
         if (!st && n_top > 0)
             st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_lp, tlp, n * (size_t)n_top * 4);
-        if (!st) st = vt->stream_sync(r->be->be, r->stream);
+        if (!st) st = sync_stream(r);
         if (st) st = fail_with_backend(st, "cannot read the sampled tokens");
     }
     for (size_t i = 0; !st && out && i < n; i++) {

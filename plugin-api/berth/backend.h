@@ -452,7 +452,10 @@ typedef struct berth_backend_vtable {
      * alive and unchanged until buffer_free; read_only says the backend must never write it. */
     berth_status (*buffer_wrap_host)(berth_backend *be, void *ptr, uint64_t nbytes, int32_t read_only,
                                      berth_buffer **out);
-    /* (optional, BERTH_CAP_HOST_VISIBLE) Host address of a buffer's first byte. */
+    /* (optional) Host address of a buffer's first byte: for every buffer with BERTH_CAP_HOST_VISIBLE; without that
+     * cap a backend may still set this member for BERTH_USAGE_STAGING buffers (pinned host memory) and refuse the
+     * rest with BERTH_E_UNSUPPORTED (0.3). The host writes staging memory directly and moves it with buffer_copy,
+     * which on an ASYNC backend returns before the copy ran: the memory must stay unchanged until a stream_sync. */
     berth_status (*buffer_host_ptr)(berth_backend *be, berth_buffer *buf, void **out);
     /* (required) Transfers, ordered on stream s. upload reads src before returning unless the backend is ASYNC
      * and src is staging memory; download's dst is written by the time stream_sync returns. */

@@ -620,6 +620,18 @@ static void cuda_buffer_free(berth_backend *be, berth_buffer *b)
     free(b);
 }
 
+/* Staging buffers are pinned host memory: the host may write them directly (runner metadata mirrors). */
+static berth_status cuda_buffer_host_ptr(berth_backend *be, berth_buffer *buf, void **out)
+{
+    if (!buf || !out)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_host_ptr: buffer or out is NULL");
+    if (!buf->pinned)
+        return cu_fail(be->host, BERTH_E_UNSUPPORTED,
+                       "cuda: buffer_host_ptr: only staging buffers (BERTH_USAGE_STAGING) are host memory");
+    *out = buf->ptr;
+    return BERTH_OK;
+}
+
 /* Common argument checks of the transfer calls: stream present, [offset, offset + nbytes) inside buf. */
 static berth_status cuda_check_range(berth_backend *be, const char *call, const berth_stream *s,
                                      const berth_buffer *buf, uint64_t offset, uint64_t nbytes)
@@ -802,7 +814,7 @@ static const berth_backend_vtable cuda_vtable = {
     .buffer_alloc = cuda_buffer_alloc,
     .buffer_free = cuda_buffer_free,
     .buffer_wrap_host = NULL, /* no BERTH_CAP_WRAP_HOST: weights are uploaded */
-    .buffer_host_ptr = NULL,  /* no BERTH_CAP_HOST_VISIBLE */
+    .buffer_host_ptr = cuda_buffer_host_ptr, /* staging buffers only (no BERTH_CAP_HOST_VISIBLE) */
     .buffer_upload = cuda_buffer_upload,
     .buffer_download = cuda_buffer_download,
     .buffer_copy = cuda_buffer_copy,

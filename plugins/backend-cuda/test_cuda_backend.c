@@ -99,9 +99,9 @@ START_TEST(descriptor_is_complete)
     ck_assert(vt->stream_create && vt->stream_destroy && vt->stream_sync);
     ck_assert(vt->buffer_alloc && vt->buffer_free && vt->buffer_upload && vt->buffer_download);
     ck_assert(vt->buffer_copy && vt->buffer_fill);
-    /* No WRAP_HOST / HOST_VISIBLE caps, so the optional members stay NULL. */
+    /* No WRAP_HOST cap; buffer_host_ptr serves staging buffers only (no HOST_VISIBLE cap). */
     ck_assert_ptr_null(vt->buffer_wrap_host);
-    ck_assert_ptr_null(vt->buffer_host_ptr);
+    ck_assert_ptr_nonnull(vt->buffer_host_ptr);
 }
 END_TEST
 
@@ -254,6 +254,33 @@ START_TEST(gpu_op_table)
     ck_assert_str_eq(last_error, "cuda: unknown op 16");
     ck_assert_int_eq(g_vt->supports(g_be, BERTH_OP_MATMUL, NULL), BERTH_E_INVALID);
     ck_assert_str_eq(last_error, "cuda: supports: params is NULL");
+}
+END_TEST
+
+/* Staging buffers are host memory the host may write; device buffers are refused with a reason. */
+START_TEST(gpu_staging_host_ptr)
+{
+    enum { N = 4096 };
+    berth_stream *s = NULL;
+    berth_buffer *stage = NULL, *dev = NULL;
+    void *p = NULL;
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_STAGING, &stage), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_ACTIVATIONS, &dev), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_host_ptr(g_be, stage, &p), BERTH_OK);
+    ck_assert_ptr_nonnull(p);
+    memset(p, 0x5a, N);
+    ck_assert_int_eq(g_vt->buffer_copy(g_be, s, dev, 0, stage, 0, N), BERTH_OK);
+    unsigned char back[N];
+    ck_assert_int_eq(g_vt->buffer_download(g_be, s, dev, 0, back, N), BERTH_OK);
+    ck_assert_int_eq(g_vt->stream_sync(g_be, s), BERTH_OK);
+    for (int i = 0; i < N; i++) ck_assert_uint_eq(back[i], 0x5a);
+    void *q = (void *)1;
+    ck_assert_int_eq(g_vt->buffer_host_ptr(g_be, dev, &q), BERTH_E_UNSUPPORTED);
+    ck_assert_str_eq(last_error, "cuda: buffer_host_ptr: only staging buffers (BERTH_USAGE_STAGING) are host memory");
+    g_vt->buffer_free(g_be, stage);
+    g_vt->buffer_free(g_be, dev);
+    g_vt->stream_destroy(g_be, s);
 }
 END_TEST
 
@@ -415,6 +442,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, gpu_device_info);
         tcase_add_test(tc, gpu_op_table);
         tcase_add_test(tc, gpu_graph_replays_with_new_contents);
+        tcase_add_test(tc, gpu_staging_host_ptr);
         tcase_add_test(tc, gpu_buffers_round_trip);
         tcase_add_test(tc, gpu_range_and_argument_errors);
         tcase_add_test(tc, gpu_out_of_memory_is_reported_and_recoverable);

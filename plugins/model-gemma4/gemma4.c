@@ -30,6 +30,7 @@ static void g4_destroy(berth_model *m)
     if (m->be && m->be->vt) {
         m->be->vt->buffer_free(m->be->be, m->scratch_buf);
         m->be->vt->buffer_free(m->be->be, m->const_buf);
+        m->be->vt->buffer_free(m->be->be, m->fused_buf);
     }
     for (int t = 0; t < G4_N_TYPES; t++)
         free(m->rope_freqs[t]);
@@ -86,6 +87,7 @@ static berth_status g4_create(const berth_host *host, const berth_checkpoint *ck
     if (st == BERTH_OK) {
         fill_groups(m);
         g4_weights_describe(m, ck);
+        g4_weights_describe_fused(m);
         st = g4_requirements_build(m);
     }
     if (st != BERTH_OK) {
@@ -192,7 +194,7 @@ static berth_status g4_load(berth_model *m, const berth_backend_api *be, const b
         g4_log(m->host, BERTH_LOG_INFO, "gemma4 keeps activations in f32 (asked for %s)",
                g4_dtype_name(lp->act_dtype));
     m->be = be;
-    berth_status st = g4_weights_bind(m, be, lp->checkpoint);
+    berth_status st = g4_weights_bind(m, be, lp->checkpoint, lp->stream);
     if (st == BERTH_OK)
         st = g4_scratch_alloc(m, lp->max_batch_tokens);
     if (st == BERTH_OK)

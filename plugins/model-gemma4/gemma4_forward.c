@@ -28,6 +28,7 @@ struct g4_step {
     const struct g4_scratch *sc;
     int64_t T;                 /* tokens in the step */
     int cur;                   /* which of sc->x holds the residual stream */
+    int fused;                 /* use the fused q|k|v and gate|up projections where the layer has them */
 };
 
 /* --- dispatch ---------------------------------------------------------------------------------------------- */
@@ -140,6 +141,15 @@ static berth_tensor rope_table(const struct g4_step *st, int type)
     return g4_f32(m->const_buf, m->rope_off[type], m->rope_pairs[type], 1, 1);
 }
 
+/* Heads [row0, row0 + heads * hd) of the fused q|k|v output (rows of nrow floats per token): ne {hd, heads, T}. */
+static berth_tensor qkv_view(const struct g4_step *st, int64_t row0, int64_t hd, int64_t heads, int64_t nrow)
+{
+    berth_tensor t = g4_f32(st->buf, st->sc->qkv + (uint64_t)row0 * 4u, hd, heads, st->T);
+    t.nb[2] = nrow * 4;
+    t.nb[3] = t.nb[2] * st->T;
+    return t;
+}
+
 /* Cache of layer `index` inside group g. */
 static berth_kv_view layer_view(const berth_kv_group_batch *g, int index)
 {
@@ -201,10 +211,23 @@ static berth_status attention_block(struct g4_step *st, int i)
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
     berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
     berth_tensor q = act(st, sc->q, hd, H, T), att = act(st, sc->att, hd, H, T);
+    berth_tensor k = act(st, sc->k, hd, K, T), v = act(st, sc->v, hd, K, T);
 
-    if ((r = op_rms(st, xin, &lw->input_norm, NULL, u, "input_layernorm")) != BERTH_OK ||
-        (r = op_matmul(st, u, &lw->q_proj, act(st, sc->q, H * hd, T, 1), "q_proj")) != BERTH_OK ||
-        (r = op_rms(st, q, &lw->q_norm, NULL, q, "q_norm")) != BERTH_OK)
+    if ((r = op_rms(st, xin, &lw->input_norm, NULL, u, "input_layernorm")) != BERTH_OK)
+        return r;
+    const int fused_qkv = st->fused && lw->qkv.ne[0] != 0;
+    if (fused_qkv) {
+        /* One product into rows of [q | k | v]; q, k and v are strided views of it. */
+        const int64_t nq = H * hd, nk = K * hd, nrow = lw->qkv.ne[1];
+        if ((r = op_matmul(st, u, &lw->qkv, act(st, sc->qkv, nrow, T, 1), "q_proj + k_proj + v_proj")) != BERTH_OK)
+            return r;
+        q = qkv_view(st, 0, hd, H, nrow);
+        k = qkv_view(st, nq, hd, K, nrow);
+        v = ly->v_from_k ? k : qkv_view(st, nq + nk, hd, K, nrow);
+    } else if ((r = op_matmul(st, u, &lw->q_proj, act(st, sc->q, H * hd, T, 1), "q_proj")) != BERTH_OK) {
+        return r;
+    }
+    if ((r = op_rms(st, q, &lw->q_norm, NULL, q, "q_norm")) != BERTH_OK)
         return r;
     if (pairs > 0) {
         berth_rope_params p;
@@ -223,11 +246,10 @@ static berth_status attention_block(struct g4_step *st, int i)
     }
 
     if (!ly->kv_shared) {
-        const berth_tensor k = act(st, sc->k, hd, K, T), v = act(st, sc->v, hd, K, T);
-        if ((r = op_matmul(st, u, &lw->k_proj, act(st, sc->k, K * hd, T, 1), "k_proj")) != BERTH_OK)
+        if (!fused_qkv && (r = op_matmul(st, u, &lw->k_proj, act(st, sc->k, K * hd, T, 1), "k_proj")) != BERTH_OK)
             return r;
         /* With attention_k_eq_v (full layers) V is the raw K projection (before k_norm and RoPE). */
-        if (!ly->v_from_k &&
+        if (!fused_qkv && !ly->v_from_k &&
             (r = op_matmul(st, u, &lw->v_proj, act(st, sc->v, K * hd, T, 1), "v_proj")) != BERTH_OK)
             return r;
         berth_kv_append_params p;
@@ -290,10 +312,21 @@ static berth_status mlp_block(struct g4_step *st, int i)
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
     berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
     berth_tensor gate = act(st, sc->gate, I, T, 1), up = act(st, sc->up, I, T, 1);
-    if ((r = op_rms(st, xin, &lw->pre_ff_norm, NULL, u, "pre_feedforward_layernorm")) != BERTH_OK ||
-        (r = op_matmul(st, u, &lw->gate_proj, gate, "mlp.gate_proj")) != BERTH_OK ||
-        (r = op_matmul(st, u, &lw->up_proj, up, "mlp.up_proj")) != BERTH_OK ||
-        (r = op_geglu(st, gate, up, "mlp")) != BERTH_OK ||
+    if ((r = op_rms(st, xin, &lw->pre_ff_norm, NULL, u, "pre_feedforward_layernorm")) != BERTH_OK)
+        return r;
+    if (st->fused && lw->gate_up.ne[0] != 0) {
+        /* One product into rows of [gate | up]; the GLU and down_proj read strided views of it. */
+        if ((r = op_matmul(st, u, &lw->gate_up, act(st, sc->gate, 2 * I, T, 1), "mlp.gate_proj + mlp.up_proj")) !=
+            BERTH_OK)
+            return r;
+        gate.nb[1] = up.nb[1] = 2 * I * 4;
+        gate.nb[2] = gate.nb[3] = up.nb[2] = up.nb[3] = gate.nb[1] * T;
+        up.offset = gate.offset + (uint64_t)I * 4u;
+    } else if ((r = op_matmul(st, u, &lw->gate_proj, gate, "mlp.gate_proj")) != BERTH_OK ||
+               (r = op_matmul(st, u, &lw->up_proj, up, "mlp.up_proj")) != BERTH_OK) {
+        return r;
+    }
+    if ((r = op_geglu(st, gate, up, "mlp")) != BERTH_OK ||
         (r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK ||
         (r = op_rms(st, a, &lw->post_ff_norm, &xin, xout, "post_feedforward_layernorm")) != BERTH_OK)
         return r;
@@ -400,7 +433,8 @@ static void scratch_layout(const struct g4_config *c, int64_t T, struct g4_scrat
     sc->att = take(&at, (uint64_t)qmax * t);
     sc->k = take(&at, (uint64_t)kvmax * t);
     sc->v = take(&at, (uint64_t)kvmax * t);
-    sc->gate = take(&at, (uint64_t)imax * t);
+    sc->qkv = take(&at, ((uint64_t)qmax + 2u * (uint64_t)kvmax) * t);
+    sc->gate = take(&at, 2u * (uint64_t)imax * t); /* [gate | up] rows when the weights are fused */
     sc->up = take(&at, (uint64_t)imax * t);
     if (c->ple_dim > 0) {
         sc->ple_a = take(&at, LDp * t);
@@ -461,8 +495,14 @@ berth_status g4_requirements_build(berth_model *m)
     b.kv = kv;
     b.logits = g4_f32(NULL, 0, c->vocab, 1, 1);
 
-    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0};
-    return run_step(&st);
+    /* Both forms: whether the weights get fused is only known at load(), after the backend was chosen. */
+    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0, 0};
+    berth_status r = run_step(&st);
+    if (r == BERTH_OK) {
+        struct g4_step fst = {m, NULL, &b, 1, NULL, &sc, 1, 0, 1};
+        r = run_step(&fst);
+    }
+    return r;
 }
 
 static berth_status check_batch(const berth_model *m, const berth_batch *b)
@@ -510,7 +550,7 @@ berth_status g4_forward(berth_model *m, berth_stream *s, const berth_batch *b)
     berth_status r = check_batch(m, b);
     if (r != BERTH_OK)
         return r;
-    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0};
+    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0, m->fused};
     if ((r = run_step(&st)) != BERTH_OK)
         return r;
 

@@ -15,6 +15,10 @@ struct g4_layer_weights {
     berth_tensor input_norm, q_proj, q_norm, k_proj, v_proj, k_norm, o_proj, post_attn_norm;
     berth_tensor pre_ff_norm, gate_proj, up_proj, down_proj, post_ff_norm;
     berth_tensor ple_gate, ple_proj, ple_post_norm;
+    /* Fused projections (gemma4_weights.c, fusion): q|k|v rows of a non-shared layer in one matrix, gate|up rows
+     * in one matrix. buf NULL when not fused; then q_proj.. are separate. When fused, q_proj, k_proj, v_proj,
+     * gate_proj and up_proj are views into these. */
+    berth_tensor qkv, gate_up;
     float layer_scalar;
 };
 
@@ -45,7 +49,8 @@ struct g4_scratch {
     uint64_t q;     /* queries [hd, H, T] */
     uint64_t att;   /* attention output [hd, H, T] */
     uint64_t k, v;  /* new keys / values [hd, K, T] */
-    uint64_t gate, up; /* MLP [I_i, T] */
+    uint64_t gate, up; /* MLP [I_i, T]; gate holds [2 I_i, T] (gate|up rows) with fused weights */
+    uint64_t qkv;   /* fused q|k|v projection output [H hd + 2 K hd, T] */
     uint64_t ple_a; /* PLE token part [L*Dp, T] */
     uint64_t ple;   /* per-layer inputs [L*Dp, T] */
     uint64_t pg;    /* PLE gate [Dp, T] */
@@ -80,6 +85,8 @@ struct berth_model {
     berth_buffer *scratch_buf;
     struct g4_scratch scratch;
     berth_buffer *const_buf; /* RoPE tables (f32) */
+    berth_buffer *fused_buf; /* fused projection weights (NULL unless fused) */
+    int fused;               /* forward() uses lw->qkv / lw->gate_up where present */
     int max_tokens;
     int loaded; /* load() finished: forward() may run */
 
@@ -94,7 +101,13 @@ berth_status g4_weights_plan(berth_model *m);
 void g4_weights_describe(berth_model *m, const berth_checkpoint *ck);
 /* Check every planned tensor (present, dtype f32/bf16/f16, exact shape), refuse unknown tensors under the text
  * prefix, bind through host->tensor_load and read the layer scalars. */
-berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck);
+/* On a backend that copies weights anyway (no BERTH_CAP_WRAP_HOST), q|k|v and gate|up of each layer are uploaded
+ * into one matrix each (m->fused_buf) instead of through tensor_load: one matmul launch instead of two or three,
+ * and longer weight streams; sets m->fused. Uploads go on stream s. */
+berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck,
+                             berth_stream *s);
+/* Shape-only fused tensors (buf NULL) for requirements(), from the described member tensors. */
+void g4_weights_describe_fused(berth_model *m);
 void g4_weights_free(berth_model *m);
 
 /* gemma4_requirements.c */

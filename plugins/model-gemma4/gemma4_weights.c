@@ -295,7 +295,97 @@ static berth_status check_entry(const berth_model *m, const berth_checkpoint *ck
     return BERTH_OK;
 }
 
-berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck)
+/* --- fusion ---------------------------------------------------------------------------------------------------
+ * Layout of m->fused_buf: per layer, [q|k|v rows] then [gate|up rows], each matrix 256-byte aligned. A layer's
+ * group is fused only when its members share one dtype (a checkpoint could mix them); otherwise they stay apart. */
+
+#define G4_FUSE_ALIGN 256u
+
+/* The fused matrix a planned tensor belongs to: *whole = the fused tensor, *row0 = its first row in it. */
+static int fused_member(berth_model *m, const berth_tensor *dst, berth_tensor **whole, int64_t *row0)
+{
+    for (int i = 0; i < m->cfg->n_layers; i++) {
+        struct g4_layer_weights *lw = &m->w.layers[i];
+        const struct g4_layer *ly = &m->cfg->layers[i];
+        const int64_t nq = (int64_t)m->cfg->n_heads * ly->head_dim, nk = (int64_t)ly->n_kv_heads * ly->head_dim;
+        if (lw->qkv.ne[0] && (dst == &lw->q_proj || dst == &lw->k_proj || dst == &lw->v_proj)) {
+            *whole = &lw->qkv;
+            *row0 = dst == &lw->q_proj ? 0 : dst == &lw->k_proj ? nq : nq + nk;
+            return 1;
+        }
+        if (lw->gate_up.ne[0] && (dst == &lw->gate_proj || dst == &lw->up_proj)) {
+            *whole = &lw->gate_up;
+            *row0 = dst == &lw->gate_proj ? 0 : ly->mlp_width;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+void g4_weights_describe_fused(berth_model *m)
+{
+    for (int i = 0; i < m->cfg->n_layers; i++) {
+        struct g4_layer_weights *lw = &m->w.layers[i];
+        const struct g4_layer *ly = &m->cfg->layers[i];
+        memset(&lw->qkv, 0, sizeof lw->qkv);
+        memset(&lw->gate_up, 0, sizeof lw->gate_up);
+        if (!ly->kv_shared && lw->q_proj.dtype == lw->k_proj.dtype &&
+            (ly->v_from_k || lw->q_proj.dtype == lw->v_proj.dtype)) {
+            lw->qkv = lw->q_proj;
+            lw->qkv.buf = NULL;
+            lw->qkv.offset = 0;
+            lw->qkv.ne[1] = lw->q_proj.ne[1] + lw->k_proj.ne[1] + (ly->v_from_k ? 0 : lw->v_proj.ne[1]);
+            g4_pack_strides(&lw->qkv);
+        }
+        if (lw->gate_proj.dtype == lw->up_proj.dtype) {
+            lw->gate_up = lw->gate_proj;
+            lw->gate_up.buf = NULL;
+            lw->gate_up.offset = 0;
+            lw->gate_up.ne[1] = 2 * lw->gate_proj.ne[1];
+            g4_pack_strides(&lw->gate_up);
+        }
+    }
+}
+
+/* Place every fused matrix in one buffer (offsets only; the buffer is allocated by the caller). */
+static uint64_t fused_layout(berth_model *m)
+{
+    uint64_t at = 0;
+    for (int i = 0; i < m->cfg->n_layers; i++) {
+        struct g4_layer_weights *lw = &m->w.layers[i];
+        berth_tensor *f[2] = {&lw->qkv, &lw->gate_up};
+        for (int k = 0; k < 2; k++) {
+            if (!f[k]->ne[0])
+                continue;
+            f[k]->offset = at;
+            at += ((uint64_t)f[k]->nb[2] + G4_FUSE_ALIGN - 1) / G4_FUSE_ALIGN * G4_FUSE_ALIGN;
+        }
+    }
+    return at;
+}
+
+/* [model.gemma4] fuse_projections = auto | true | false. auto fuses on a backend without BERTH_CAP_WRAP_HOST (it
+ * copies the weights anyway); true also fuses where the weights could be used in place (tests run the fused path
+ * on the CPU that way). */
+static berth_status fuse_setting(const berth_model *m, const berth_backend_api *be, int *fuse)
+{
+    const berth_host *h = m->host;
+    const char *v = BERTH_HAS(h, berth_host, config_get) && h->config_get ? h->config_get(h->ctx, "fuse_projections")
+                                                                        : NULL;
+    if (!v || !*v || strcmp(v, "auto") == 0)
+        *fuse = be->device && !(be->device->caps & BERTH_CAP_WRAP_HOST);
+    else if (strcmp(v, "true") == 0)
+        *fuse = 1;
+    else if (strcmp(v, "false") == 0)
+        *fuse = 0;
+    else
+        return g4_fail(h, BERTH_E_INVALID, "[model.gemma4] fuse_projections = '%.60s' must be auto, true or false",
+                       v);
+    return BERTH_OK;
+}
+
+berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck,
+                             berth_stream *s)
 {
     const berth_host *h = m->host;
     const char *dir = h->ckpt_dir ? h->ckpt_dir(h->ctx, ck) : NULL;
@@ -310,6 +400,35 @@ berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const 
             return st;
     if ((st = check_unknown(m, ck, dir)) != BERTH_OK)
         return st;
+
+    /* Fuse where the backend copies weights anyway: the members are uploaded into the fused matrices below
+     * instead of through tensor_load (memory is not doubled). */
+    m->fused = 0;
+    int fuse = 0;
+    if ((st = fuse_setting(m, be, &fuse)) != BERTH_OK)
+        return st;
+    if (fuse) {
+        g4_weights_describe(m, ck);
+        g4_weights_describe_fused(m);
+        uint64_t bytes = fused_layout(m);
+        if (bytes > 0) {
+            if ((st = be->vt->buffer_alloc(be->be, bytes, BERTH_USAGE_WEIGHTS, &m->fused_buf)) != BERTH_OK)
+                return st;
+            for (int i = 0; i < m->cfg->n_layers; i++) {
+                m->w.layers[i].qkv.buf = m->w.layers[i].qkv.ne[0] ? m->fused_buf : NULL;
+                m->w.layers[i].gate_up.buf = m->w.layers[i].gate_up.ne[0] ? m->fused_buf : NULL;
+            }
+            m->fused = 1;
+            g4_log(h, BERTH_LOG_INFO, "gemma4: q|k|v and gate|up projections fused (%llu bytes of weights)",
+                   (unsigned long long)bytes);
+        }
+    } else {
+        for (int i = 0; i < m->cfg->n_layers; i++) {
+            memset(&m->w.layers[i].qkv, 0, sizeof m->w.layers[i].qkv);
+            memset(&m->w.layers[i].gate_up, 0, sizeof m->w.layers[i].gate_up);
+        }
+    }
+
     for (int i = 0; i < m->n_plan; i++) {
         const struct g4_plan_entry *e = &m->plan[i];
         if ((st = check_entry(m, ck, dir, e, &info)) != BERTH_OK)
@@ -317,6 +436,22 @@ berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const 
         if (!e->dst) {
             if ((st = read_scalar(m, dir, e, &info)) != BERTH_OK)
                 return st;
+            continue;
+        }
+        berth_tensor *whole;
+        int64_t row0;
+        if (m->fused && fused_member(m, e->dst, &whole, &row0)) {
+            /* Rows [row0, row0 + rows) of the fused matrix: a packed view, filled from the file mapping. */
+            const uint64_t off = whole->offset + (uint64_t)row0 * (uint64_t)whole->nb[1];
+            if (!info.data || info.nbytes != (uint64_t)e->shape[0] * (uint64_t)whole->nb[1])
+                return g4_fail(h, BERTH_E_INVALID, "%s: tensor '%s' has %llu bytes of data for shape [%lld, %lld]",
+                               dir, e->name, (unsigned long long)info.nbytes, (long long)e->shape[0],
+                               (long long)e->shape[1]);
+            if ((st = be->vt->buffer_upload(be->be, s, m->fused_buf, off, info.data, info.nbytes)) != BERTH_OK)
+                return st;
+            shape_only(e->dst, e, info.dtype);
+            e->dst->buf = m->fused_buf;
+            e->dst->offset = off;
             continue;
         }
         if ((st = h->tensor_load(h->ctx, ck, be, e->name, e->dst)) != BERTH_OK)
