@@ -26,7 +26,7 @@
 # (default 1,8,32,128), PROMPT_LEN (512), GEN_LEN (128), TTFT_LEN (2048), PARTS (default "gen bw berth hf"),
 # TIME_BUDGET (seconds for the whole script, default 540: transformers runs that would not fit are skipped and
 # the table is still printed), BERTH_TIMEOUT (default 300 per berth run), HF_TIMEOUT (default 300 per process),
-# OUT (default /tmp), COMMIT (used when `git rev-parse` does not work), BERTH_CONFIG (instead of
+# OUT (default /tmp), COMMIT (the commit to name; default: git rev-parse), BERTH_CONFIG (instead of
 # bench/gpu-bench.ini), HF_ARGS (extra options for hf_gemma4_bench.py). LD_LIBRARY_PATH is passed on as set.
 # Exit status: 1 if a berth run failed (or berth is missing), else 0; transformers failures show in the table.
 set -u
@@ -70,11 +70,16 @@ report_err() {
     fi
 }
 
-commit=$(git rev-parse --short HEAD 2>/dev/null || true)
-if [ -n "$commit" ]; then
-    [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
-else
-    commit=${COMMIT:-unknown}
+# COMMIT wins when set: the lent GPU machine's copy of the tree may carry a stale .git (tools/gpu_run.sh sets it
+# from the commit the carried build was made from).
+commit=${COMMIT:-}
+if [ -z "$commit" ]; then
+    commit=$(git rev-parse --short HEAD 2>/dev/null || true)
+    if [ -n "$commit" ]; then
+        [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ] && commit="$commit+dirty"
+    else
+        commit=unknown
+    fi
 fi
 say "gpu_gemma4: commit $commit, shape $shape, checkpoint $ckpt, build $build, parts:$parts"
 gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null)
