@@ -5,15 +5,18 @@
  * Two paths, chosen on the host from shapes only (so a captured launch stays valid on replay):
  *   - decode (T == n_seqs, the usual one query row per sequence): flash-decoding. Grid (sequence, KV head,
  *     split of the key range); one block serves all n_rep query heads of its KV head, so each K/V vector is read
- *     once per block (GQA). Each split keeps an online softmax over key tiles and writes a partial (max, sum,
- *     unnormalised output); a combine kernel merges the splits. With one split the block writes the output
- *     directly. The split count comes from max_kv_len (eager) or the block table's capacity (graph capture);
- *     each sequence then cuts its OWN visible range (read on the device) into that many pieces, so a split past
- *     the sequence's length just records "empty".
+ *     once per block (GQA), with q and the output accumulators of all those heads in registers and K/V streamed
+ *     through shared memory by cp.async (details at the kernel). Each split keeps an online softmax and writes a
+ *     partial (max, sum, unnormalised output); a combine kernel merges the splits. With one split the block
+ *     writes the output directly. The split count (enough blocks for one wave of the GPU, at least 16 keys each)
+ *     comes from max_kv_len (eager) or the block table's capacity (graph capture), capped by the window; each
+ *     sequence then cuts its OWN visible range (read on the device) into that many pieces, so a split past the
+ *     sequence's length just records "empty".
  *   - prefill / mixed: a tiled flash-attention kernel, one block per (64-row query tile of one sequence, query
  *     head): Q tile in shared memory, key tiles of K then V through one shared buffer, online softmax in fp32,
- *     SIMT FMA micro-tiles. A small plan kernel turns seq_q_start (device data) into each sequence's first tile
- *     number; the grid is the shape bound ceil(T/64) + n_seqs and surplus blocks leave at once.
+ *     SIMT FMA micro-tiles; or its tensor-core twin (below). A small plan kernel turns seq_q_start (device data)
+ *     into each sequence's first tile number; the grid is the shape bound ceil(T/64) + n_seqs and surplus blocks
+ *     leave at once.
  *
  * Metadata (seq_q_start, seq_kv_len, positions, block_table) lives on the device and is never read back (no
  * synchronisation), so the kernels defend themselves instead of reporting: a sequence whose seq_q_start range is
@@ -22,14 +25,15 @@
  * see no key write zeros. (The CPU backend reports those cases as BERTH_E_INVALID; an asynchronous backend could
  * only do so through a device-side error word checked at stream_sync, which does not exist yet.)
  *
- * Tensor-core path (not here yet): the prefill kernel's two inner products (S = Q K^T over the head dim, O += P V
- * over the key tile) are the only places that would change to mma.sync (bf16 m16n8k16 in BF16 compute mode,
- * 3xTF32 m16n8k8 split products for fp32-accurate FP32 mode): Q/K/V tiles would be stored as fragments-ready
- * halves/tf32 pairs, each warp would own 16 query rows (so the row max/sum stay inside a warp, as now inside 16
- * lanes), and K/V tile loads would become cp.async double-buffered.
+ * Tensor-core prefill (attn_prefill_mma_kernel, the one exception to "fp32 throughout"): in BF16 compute mode with
+ * a bf16 (f16) cache and head dims that are multiples of 16, S = Q K^T and O += P V run as mma.sync m16n8k16 with
+ * fp32 accumulation; q and P are rounded to bf16 (f16) for them, K and V are used as stored, and everything else
+ * (scores, softcap, mask, softmax, row sums, output) stays fp32. FP32 compute mode (the parity mode) and f32
+ * caches keep the SIMT kernel. (An fp32-accurate tensor-core FP32 mode would need 3xTF32 split products.)
  */
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 
 #include <inttypes.h>
 
@@ -39,11 +43,11 @@
 #define ATT_BM 64              /* prefill: query rows per tile */
 #define ATT_PF_THREADS 256     /* prefill: 16 x 16 threads */
 #define ATT_DEC_THREADS 128    /* decode: 4 warps */
-#define ATT_DEC_KT 32          /* decode: keys per tile */
-#define ATT_DEC_MIN_CHUNK 64   /* decode: fewest keys worth a split of their own */
-#define ATT_DEC_MAX_SPLITS 64
+#define ATT_DEC_MIN_CHUNK 16   /* decode: fewest keys per split (a batch per warp) */
+#define ATT_DEC_DIRECT_KEYS 64 /* decode: rows that see at most this many keys: one block, no split */
+#define ATT_DEC_MAX_SPLITS 128
 #define ATT_DEC_PART_BYTES (32u << 20) /* decode: most workspace the split partials may take */
-#define ATT_COMBINE_THREADS 128
+#define ATT_CMB_THREADS 128    /* decode: combine kernel */
 
 /* What every attention kernel reads, flattened from the params (device addresses, byte strides). */
 struct attn_args {
@@ -529,330 +533,1074 @@ __global__ void __launch_bounds__(ATT_PF_THREADS, MINB) attn_prefill_kernel(cons
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Prefill / mixed on the tensor cores: BF16 compute mode with a bf16 (or f16) KV cache, head dims that are
+// multiples of 16, 16-byte aligned K/V rows (att_mma_ok). Same block <-> (query tile, head) mapping, plan and row
+// ranges as the SIMT kernel above, and the same results up to the rounding of q and P to the KV dtype (K and V are
+// stored in it already); scores, softmax, row sums and the output accumulate in fp32.
+//
+// 64 query rows per block in 4 row groups of 16; WD warps per row group (1: DP <= 256, 4 warps; 2: DP = 512, 8
+// warps) split the work of those 16 rows: warp half hw computes S for keys [hw*KW, (hw+1)*KW) of each BN-key tile
+// over the whole head dim, and O for output columns [hw*OW, (hw+1)*OW) over all BN keys, so a thread keeps at most
+// 16 x 256 fp32 outputs / 32 lanes = 128 accumulators. Per tile:
+//   S = Q K^T      mma.sync m16n8k16 (A = Q from shared memory via ldmatrix, B = K rows via ldmatrix);
+//   softmax        scale, softcap, mask (per-row [lo, hi) and per-key block-table validity) on the fp32
+//                  accumulators; row max over a quad (2 shuffles; WD = 2: plus the partner warp's through shared
+//                  memory and a 64-thread named barrier); P = e^(s - m) rounded to bf16/f16, and the row sum
+//                  accumulates the ROUNDED values, so O / l is an exact weighted mean with weights off by at
+//                  most one rounding each (the bound tests/cuda_ops/test_cuda_attention.c checks);
+//   O += P V       A = P straight from the S accumulators (WD = 1) or from shared memory (WD = 2), B = V rows via
+//                  ldmatrix.trans.
+// K and V tiles come from the paged cache by 16-byte cp.async into padded rows (stride DP + 8 halves: the 8 rows
+// an ldmatrix reads fall in distinct banks), one buffer each, FlashAttention-2 order: V(t) loads during S(t),
+// K(t+1) during P(t)V(t). A key whose block-table entry is bad, or at/after the last key any row sees, is
+// zero-filled (cp.async source size 0: never read) and masked. Tiles start at the first key some row sees and
+// jump over gaps no row sees (every warp derives the same tile sequence from the row ranges, so no barrier is
+// needed to agree on it); inside a tile, 16-key chunks that no row of a row group sees are skipped by its warps.
+// f16 caches: q is rounded to f16 too, so |q| beyond f16's range (65504) overflows, like K/V stored in that cache.
+
+#define ATT_MMA_BN 64 /* keys per tile */
+
+template <int DP, int WD>
+struct att_mma_cfg {
+    static constexpr int BM = ATT_BM, RG = ATT_BM / 16, BN = ATT_MMA_BN;
+    static constexpr int WARPS = RG * WD, THREADS = WARPS * 32;
+    static constexpr int KW = BN / WD; /* keys of a tile whose scores one warp computes */
+    static constexpr int OW = DP / WD; /* output columns one warp accumulates */
+    static constexpr int ST = DP + 8;  /* row stride (halves) of the Q, K and V tiles */
+    static constexpr int PST = BN + 8; /* row stride of the P tile (WD > 1) */
+    static constexpr size_t smem_bytes =
+        ((size_t)(BM + 2 * BN) * ST + (WD > 1 ? (size_t)BM * PST : 0)) * sizeof(uint16_t);
+};
+
+__device__ __forceinline__ uint32_t att_smem_addr(const void *p)
+{
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void att_ldsm4(uint32_t r[4], const uint16_t *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(att_smem_addr(p)));
+}
+
+__device__ __forceinline__ void att_ldsm4_t(uint32_t r[4], const uint16_t *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(att_smem_addr(p)));
+}
+
+/* d += a b: m16n8k16, A row-major 16 x 16, B "col" (K-major) 16 x 8, fp32 accumulators. */
+template <bool F16>
+__device__ __forceinline__ void att_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    if constexpr (F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                     "{%8, %9}, {%0, %1, %2, %3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Two floats rounded (to nearest even) to the MMA's input type, x in the low half. */
+template <bool F16>
+__device__ __forceinline__ uint32_t att_pack2(float x, float y)
+{
+    if constexpr (F16) {
+        const __half2 h = __floats2half2_rn(x, y);
+        return *(const uint32_t *)&h;
+    } else {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+        return *(const uint32_t *)&h;
+    }
+}
+
+/* The sum of the two rounded values packed in u, in fp32 (exact: both are bf16/f16 values). */
+template <bool F16>
+__device__ __forceinline__ float att_unpack2_sum(uint32_t u)
+{
+    if constexpr (F16) {
+        const float2 f = __half22float2(*(const __half2 *)&u);
+        return f.x + f.y;
+    } else {
+        return __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
+    }
+}
+
+/* 16 bytes global -> shared; bytes == 0 zero-fills the destination and reads nothing. */
+__device__ __forceinline__ void att_cp16(uint16_t *dst, const char *src, int bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(att_smem_addr(dst)), "l"(src), "r"(bytes));
+}
+
+__device__ __forceinline__ void att_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::);
+}
+
+template <int N>
+__device__ __forceinline__ void att_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* Barrier of the WD warps of one row group (ids 1..4; __syncthreads owns 0). */
+template <int WD>
+__device__ __forceinline__ void att_group_bar(int rg)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(rg + 1), "r"(WD * 32));
+}
+
+/* First key >= k that some row of the tile sees (INT32_MAX: none). Lane L holds rows L and L + 32's ranges; every
+ * warp gets the same answer. */
+__device__ __forceinline__ int32_t att_mma_next(int32_t k, int32_t lo0, int32_t hi0, int32_t lo1, int32_t hi1)
+{
+    int32_t v = INT32_MAX;
+    if (lo0 < hi0 && hi0 > k)
+        v = lo0 > k ? lo0 : k;
+    if (lo1 < hi1 && hi1 > k)
+        v = min(v, lo1 > k ? lo1 : k);
+    return __reduce_min_sync(0xffffffffu, v);
+}
+
+/* Rows of a K or V tile: row r (< BN) is a 16-byte-aligned vector of ncol8 * 8 halves at base + off[r], or zeros
+ * when off[r] < 0. Warp w copies rows w, w + WARPS, ...; its lanes take consecutive 16-byte pieces. */
+template <int WARPS, int BN, int ST>
+__device__ __forceinline__ void att_mma_issue(uint16_t *dst, const char *base, const int64_t *off, int ncol8)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    for (int r = warp; r < BN; r += WARPS) {
+        const int64_t o = off[r];
+        const char *src = base + (o >= 0 ? o : 0);
+        const int bytes = o >= 0 ? 16 : 0;
+        for (int c8 = lane; c8 < ncol8; c8 += 32)
+            att_cp16(dst + r * ST + c8 * 8, src + (size_t)c8 * 16, bytes);
+    }
+}
+
+template <int DP, int WD, bool F16, int MINB>
+__global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefill_mma_kernel(const attn_args a)
+{
+    using C = att_mma_cfg<DP, WD>;
+    constexpr int BM = C::BM, BN = C::BN, RG = C::RG, WARPS = C::WARPS, KW = C::KW, OW = C::OW, ST = C::ST,
+                  PST = C::PST;
+    constexpr int NKC = KW / 16; /* 16-key chunks of a warp's scores */
+    constexpr int NPC = BN / 16; /* 16-key chunks of the P V product */
+    constexpr int NO = OW / 8;   /* 8-column output tiles of a warp */
+    constexpr float LOG2E = 1.4426950408889634f;
+    static_assert(RG == 4 && KW % 16 == 0 && OW % 16 == 0, "tile shape");
+    extern __shared__ float4 att_smem4[];
+    uint16_t *Qs = (uint16_t *)att_smem4;
+    uint16_t *Ks = Qs + BM * ST;
+    uint16_t *Vs = Ks + BN * ST;
+    uint16_t *Ps = Vs + BN * ST; /* WD > 1 only */
+    __shared__ int32_t row_lo[BM], row_hi[BM];
+    __shared__ int64_t koff_s[2][BN], voff_s[2][BN];
+    __shared__ uint32_t kval_s[2][BN / 32]; /* bit j: key j of the tile exists */
+    __shared__ float xch_s[RG][WD][16];     /* row max / row sum exchange between a row group's warps */
+    __shared__ int32_t seq_s, tile_s;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rg = warp / WD, hw = warp % WD;
+    const int gq = lane >> 2, cq = lane & 3; /* MMA fragment coordinates: row gq (and gq + 8), column pair cq */
+    const int h = (int)(blockIdx.x % (unsigned)a.n_heads), kvh = h / a.n_rep;
+    const int32_t bt_idx = (int32_t)(blockIdx.x / (unsigned)a.n_heads);
+
+    /* Sequence and tile: as in attn_prefill_kernel (last tile first). */
+    if (tid == 0) {
+        const int32_t total = a.tile_start[a.n_seqs];
+        const int32_t b = total - 1 - bt_idx;
+        int32_t seq = -1;
+        if (bt_idx < total) {
+            int32_t lo = 0, hi = a.n_seqs - 1;
+            while (lo < hi) {
+                const int32_t mid = (lo + hi + 1) >> 1;
+                if (a.tile_start[mid] <= b)
+                    lo = mid;
+                else
+                    hi = mid - 1;
+            }
+            seq = lo;
+        }
+        seq_s = seq;
+        tile_s = b;
+    }
+    __syncthreads();
+    const int32_t seq = seq_s;
+    if (seq < 0)
+        return;
+    const int64_t r0 = (int64_t)a.seq_q_start[seq] + (int64_t)(tile_s - a.tile_start[seq]) * BM;
+    const int64_t qend = a.seq_q_start[seq + 1];
+    const int nrows = (int)(qend - r0 < BM ? qend - r0 : BM);
+    const int32_t kv_len = att_kv_len(a, seq);
+    const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
+
+    if (tid < BM) {
+        int32_t lo = 0, hi = 0;
+        if (tid < nrows)
+            att_row_range(a, a.positions[r0 + tid], kv_len, &lo, &hi);
+        row_lo[tid] = lo;
+        row_hi[tid] = hi;
+    }
+    __syncthreads();
+    /* Every lane: two rows' ranges for the tile walk. Every thread: its own two rows (gq, gq + 8 of its group). */
+    const int32_t wlo0 = row_lo[lane], whi0 = row_hi[lane], wlo1 = row_lo[lane + 32], whi1 = row_hi[lane + 32];
+    const int rA = rg * 16 + gq, rB = rA + 8;
+    const int32_t loA = row_lo[rA], hiA = row_hi[rA], loB = row_lo[rB], hiB = row_hi[rB];
+    /* The row group's hull (chunk skipping) and the tile's last seen key + 1 (keys past it are never loaded). */
+    int32_t glo = INT32_MAX, ghi = 0;
+    if (loA < hiA)
+        glo = loA, ghi = hiA;
+    if (loB < hiB)
+        glo = min(glo, loB), ghi = max(ghi, hiB);
+    glo = __reduce_min_sync(0xffffffffu, glo);
+    ghi = __reduce_max_sync(0xffffffffu, ghi);
+    const int32_t kmax = __reduce_max_sync(0xffffffffu, max(wlo0 < whi0 ? whi0 : 0, wlo1 < whi1 ? whi1 : 0));
+
+    float o[NO][4];
+#pragma unroll
+    for (int n = 0; n < NO; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float mA = -INFINITY, mB = -INFINITY, lA = 0.0f, lB = 0.0f; /* this thread's partial row sums */
+
+    /* Key j's K/V offsets for tile buffer b (threads < BN; whole warps, BN % 32 == 0). */
+    auto key_offsets = [&](int32_t k0, int b, int32_t entry) {
+        const int64_t j = (int64_t)k0 + tid;
+        int64_t ko = -1, vo = -1;
+        if (j < kmax && entry >= 0 && entry < a.n_blocks) {
+            const int64_t slot = j % a.block_size;
+            ko = (int64_t)entry * a.block_stride + slot * a.token_stride + (int64_t)kvh * a.head_stride;
+            vo = (int64_t)entry * a.block_stride + slot * a.v_token_stride + (int64_t)kvh * a.v_head_stride;
+        }
+        koff_s[b][tid] = ko;
+        voff_s[b][tid] = vo;
+        const uint32_t bits = __ballot_sync(0xffffffffu, ko >= 0);
+        if (lane == 0)
+            kval_s[b][tid >> 5] = bits;
+    };
+    auto table_entry = [&](int32_t k0) -> int32_t {
+        const int64_t j = (int64_t)k0 + tid;
+        return j < kmax ? bt[j / a.block_size] : -1;
+    };
+
+    int32_t k0 = att_mma_next(0, wlo0, whi0, wlo1, whi1);
+    if (k0 != INT32_MAX) {
+        if (tid < BN)
+            key_offsets(k0, 0, table_entry(k0));
+        __syncthreads();
+        att_mma_issue<WARPS, BN, ST>(Ks, a.kbase, koff_s[0], a.D / 8);
+        att_cp_commit();
+    }
+    /* Q tile, rounded to the MMA type (rows past nrows: zeros). Visible after the loop's first barrier. */
+    for (int r = warp; r < BM; r += WARPS) {
+        const float *qr = r < nrows ? (const float *)(a.q + (r0 + r) * a.q_nb2 + (int64_t)h * a.q_nb1) : nullptr;
+        for (int d4 = lane; d4 < a.D / 4; d4 += 32) {
+            float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (qr)
+                v = a.q_vec ? ((const float4 *)qr)[d4]
+                            : make_float4(qr[4 * d4], qr[4 * d4 + 1], qr[4 * d4 + 2], qr[4 * d4 + 3]);
+            *(uint2 *)(Qs + r * ST + d4 * 4) = make_uint2(att_pack2<F16>(v.x, v.y), att_pack2<F16>(v.z, v.w));
+        }
+    }
+
+    const uint16_t *qa = Qs + (rg * 16 + (lane & 15)) * ST + (lane >> 4) * 8;
+    const uint16_t *kb = Ks + (hw * KW + (lane & 7) + ((lane >> 4) << 3)) * ST + ((lane >> 3) & 1) * 8;
+    const uint16_t *vb = Vs + (lane & 15) * ST + hw * OW + (lane >> 4) * 8;
+    const int nks = a.D / 16;
+    int buf = 0;
+    while (k0 != INT32_MAX) {
+        const int32_t k1 = k0 < kmax - BN ? att_mma_next(k0 + BN, wlo0, whi0, wlo1, whi1) : INT32_MAX;
+        const int32_t entry1 = k1 != INT32_MAX && tid < BN ? table_entry(k1) : -1; /* used after S: latency hidden */
+        att_cp_wait<0>();
+        __syncthreads(); /* K(k0) and Q visible; every warp is done with V, P and the offsets of the last tile */
+        att_mma_issue<WARPS, BN, ST>(Vs, a.vbase, voff_s[buf], a.DV / 8);
+        att_cp_commit();
+
+        /* S = Q K^T over this warp's keys, skipping 16-key chunks its row group does not see. */
+        bool act[NKC];
+        bool any = false;
+#pragma unroll
+        for (int kc = 0; kc < NKC; kc++) {
+            const int32_t c0 = k0 + hw * KW + kc * 16;
+            act[kc] = c0 < ghi && c0 + 16 > glo;
+            any |= act[kc];
+        }
+        float s[2 * NKC][4];
+#pragma unroll
+        for (int n = 0; n < 2 * NKC; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        if (any) {
+#pragma unroll 2
+            for (int ks = 0; ks < nks; ks++) {
+                uint32_t af[4];
+                att_ldsm4(af, qa + ks * 16);
+#pragma unroll
+                for (int kc = 0; kc < NKC; kc++) {
+                    if (!act[kc])
+                        continue;
+                    uint32_t bf[4];
+                    att_ldsm4(bf, kb + kc * 16 * ST + ks * 16);
+                    att_mma<F16>(s[2 * kc], af, bf[0], bf[1]);
+                    att_mma<F16>(s[2 * kc + 1], af, bf[2], bf[3]);
+                }
+            }
+        }
+
+        /* Scale, softcap, mask; online softmax on rows A = gq and B = gq + 8 of the row group. Most tiles lie
+         * inside both rows' ranges with every key present: those skip the per-key tests. */
+        const uint64_t kval = (uint64_t)kval_s[buf][0] | (BN > 32 ? (uint64_t)kval_s[buf][BN / 32 - 1] << 32 : 0);
+        const uint64_t wmask = KW >= 64 ? ~0ull : ((1ull << (KW & 63)) - 1) << (hw * KW);
+        const int32_t kw0 = k0 + hw * KW;
+        const bool inside = (kval & wmask) == wmask && kw0 >= loA && (int64_t)kw0 + KW <= hiA && kw0 >= loB &&
+                            (int64_t)kw0 + KW <= hiB;
+        float mxA = -INFINITY, mxB = -INFINITY;
+        if (inside) {
+#pragma unroll
+            for (int n = 0; n < 2 * NKC; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[n][e] = att_score(a, s[n][e]);
+                mxA = fmaxf(mxA, fmaxf(s[n][0], s[n][1]));
+                mxB = fmaxf(mxB, fmaxf(s[n][2], s[n][3]));
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < 2 * NKC; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int kt = hw * KW + n * 8 + 2 * cq + (e & 1); /* key within the tile */
+                    const int32_t j = k0 + kt;
+                    const bool vis = (kval >> kt & 1u) && (e < 2 ? j >= loA && j < hiA : j >= loB && j < hiB);
+                    s[n][e] = vis ? att_score(a, s[n][e]) : -INFINITY;
+                    if (e < 2)
+                        mxA = fmaxf(mxA, s[n][e]);
+                    else
+                        mxB = fmaxf(mxB, s[n][e]);
+                }
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, off));
+            mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, off));
+        }
+        if constexpr (WD > 1) {
+            if (cq == 0) {
+                xch_s[rg][hw][gq] = mxA;
+                xch_s[rg][hw][gq + 8] = mxB;
+            }
+            att_group_bar<WD>(rg);
+#pragma unroll
+            for (int w = 0; w < WD; w++) {
+                mxA = fmaxf(mxA, xch_s[rg][w][gq]);
+                mxB = fmaxf(mxB, xch_s[rg][w][gq + 8]);
+            }
+        }
+        const float nmA = fmaxf(mA, mxA), nmB = fmaxf(mB, mxB);
+        /* A row that has seen nothing yet keeps m = -inf, P = 0 and alpha = 1. */
+        const float alA = nmA == -INFINITY ? 1.0f : exp2f((mA - nmA) * LOG2E);
+        const float alB = nmB == -INFINITY ? 1.0f : exp2f((mB - nmB) * LOG2E);
+        mA = nmA;
+        mB = nmB;
+        uint32_t pk[2 * NKC][2]; /* P rounded, packed: [8-key tile][row A, row B] */
+        float sumA = 0.0f, sumB = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2 * NKC; n++) {
+            const float p0 = nmA == -INFINITY ? 0.0f : exp2f((s[n][0] - nmA) * LOG2E);
+            const float p1 = nmA == -INFINITY ? 0.0f : exp2f((s[n][1] - nmA) * LOG2E);
+            const float p2 = nmB == -INFINITY ? 0.0f : exp2f((s[n][2] - nmB) * LOG2E);
+            const float p3 = nmB == -INFINITY ? 0.0f : exp2f((s[n][3] - nmB) * LOG2E);
+            pk[n][0] = att_pack2<F16>(p0, p1);
+            pk[n][1] = att_pack2<F16>(p2, p3);
+            sumA += att_unpack2_sum<F16>(pk[n][0]);
+            sumB += att_unpack2_sum<F16>(pk[n][1]);
+        }
+        lA = lA * alA + sumA;
+        lB = lB * alB + sumB;
+        if (!__all_sync(0xffffffffu, alA == 1.0f && alB == 1.0f)) { /* some row's max moved */
+#pragma unroll
+            for (int n = 0; n < NO; n++) {
+                o[n][0] *= alA;
+                o[n][1] *= alA;
+                o[n][2] *= alB;
+                o[n][3] *= alB;
+            }
+        }
+        if constexpr (WD > 1) {
+#pragma unroll
+            for (int n = 0; n < 2 * NKC; n++) {
+                const int kt = hw * KW + n * 8 + 2 * cq;
+                *(uint32_t *)(Ps + rA * PST + kt) = pk[n][0];
+                *(uint32_t *)(Ps + rB * PST + kt) = pk[n][1];
+            }
+        }
+        if (k1 != INT32_MAX && tid < BN)
+            key_offsets(k1, buf ^ 1, entry1);
+        __syncthreads(); /* every warp is done with K; P (WD > 1) and the next offsets are visible */
+        if (k1 != INT32_MAX) {
+            att_mma_issue<WARPS, BN, ST>(Ks, a.kbase, koff_s[buf ^ 1], a.D / 8);
+            att_cp_commit();
+            att_cp_wait<1>();
+        } else {
+            att_cp_wait<0>();
+        }
+        __syncthreads(); /* V(k0) visible */
+
+        /* O += P V over the 16-key chunks the row group sees, this warp's output columns below DV. */
+#pragma unroll
+        for (int kc = 0; kc < NPC; kc++) {
+            const int32_t c0 = k0 + kc * 16;
+            if (!(c0 < ghi && c0 + 16 > glo))
+                continue;
+            uint32_t af[4];
+            if constexpr (WD == 1) {
+                af[0] = pk[2 * kc][0];
+                af[1] = pk[2 * kc][1];
+                af[2] = pk[2 * kc + 1][0];
+                af[3] = pk[2 * kc + 1][1];
+            } else {
+                att_ldsm4(af, Ps + (rg * 16 + (lane & 15)) * PST + kc * 16 + (lane >> 4) * 8);
+            }
+#pragma unroll
+            for (int nd = 0; nd < NO / 2; nd++) {
+                if (hw * OW + nd * 16 >= a.DV)
+                    break;
+                uint32_t bf[4];
+                att_ldsm4_t(bf, vb + kc * 16 * ST + nd * 16);
+                att_mma<F16>(o[2 * nd], af, bf[0], bf[1]);
+                att_mma<F16>(o[2 * nd + 1], af, bf[2], bf[3]);
+            }
+        }
+        k0 = k1;
+        buf ^= 1;
+    }
+
+    /* Row sums: over the quad, then over the row group's warps. */
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        lA += __shfl_xor_sync(0xffffffffu, lA, off);
+        lB += __shfl_xor_sync(0xffffffffu, lB, off);
+    }
+    if constexpr (WD > 1) {
+        /* xch_s is free: every warp read the last tile's row maxima before that tile's second block barrier */
+        if (cq == 0) {
+            xch_s[rg][hw][gq] = lA;
+            xch_s[rg][hw][gq + 8] = lB;
+        }
+        att_group_bar<WD>(rg);
+        lA = lB = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WD; w++) {
+            lA += xch_s[rg][w][gq];
+            lB += xch_s[rg][w][gq + 8];
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+        const int d = hw * OW + n * 8 + 2 * cq;
+        if (d >= a.DV)
+            break;
+        if (rA < nrows) {
+            att_store_out(a, r0 + rA, h, d, o[n][0], lA);
+            att_store_out(a, r0 + rA, h, d + 1, o[n][1], lA);
+        }
+        if (rB < nrows) {
+            att_store_out(a, r0 + rB, h, d, o[n][2], lB);
+            att_store_out(a, r0 + rB, h, d + 1, o[n][3], lB);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Decode: flash-decoding.
 //
-// Block (sequence, KV head g, split), 4 warps; NR = n_rep rounded up to a power of two (<= 16); CPL = 8-element
-// chunks of the head dim per lane (1: D <= 256, 2: D <= 512). Per key tile of 32:
-//   A. scores: warp w takes keys 8w..8w+7, four at a time (two when NR = 16); lane L holds chunks L + 32 cc of
-//      each K vector (16-byte loads) and dots them with q (fp32, shared memory) for all NR heads; the NR partial
-//      sums are reduced with a reduce-scatter (each step halves the values a lane carries), so head r's score ends
-//      in the lanes with L >> (5 - log2 NR) == r.
-//   B. online softmax per head (one warp per head, a lane per key).
-//   C. O += P V: thread = (chunk c of 8 output dims, head group); it loads its V chunk once per key and
-//      updates its heads' accumulators in registers.
+// Block (sequence, KV head g, split) of 4 warps; NR = n_rep rounded up to a power of two (<= 16). Lanes split the
+// head dim: lane L of a warp owns E consecutive dims (E = 8 when NR <= 8, else 4, so that q and the output
+// accumulators of all NR heads stay in registers: 2 * NR * E <= 128 floats). A team of WT warps covers the head
+// dim (WT = ceil(max(D, DV) / (32 E))); the block's 4 / WT teams take batches of KB keys of the split in turn and
+// keep their own online softmax, merged once at the end through shared memory. Per batch, a team:
+//   - has the batch's K and V slices already in shared memory: each lane copies exactly the bytes it will read
+//     (cp.async, ATT_DEC_STAGES batches deep: the next two in flight while this one is used), so no barrier
+//     guards the copies;
+//   - dots its K slices with q for all NR heads (fp32 FMA in registers) and sums the partials over the warp with a
+//     reduce-scatter, which leaves head r's score in the lanes L >> (5 - log2 NR) == r (teams of 2-4 warps add
+//     their warps' partials through shared memory behind a named barrier of the team);
+//   - runs the online softmax of its head in each lane (no shuffles), publishes p and the rescale factors in
+//     shared memory (__syncwarp) and accumulates O += p V on its V slices for all heads.
+// The loop has no block-wide barrier; the block-table entries of batch i + 3 are read while batch i is used.
+// With one split the block writes the output directly; otherwise it writes a partial (max, sum, unnormalised O)
+// per head and attn_combine_kernel merges the splits. Both kernels are launched by cu_launch (PDL: trigger, then
+// wait before touching memory, as cuda_launch.cuh requires).
+
+#define ATT_DEC_WARPS (ATT_DEC_THREADS / 32)
+#define ATT_DEC_STAGES 3     /* K/V batches per warp in shared memory: one used, two in flight */
+#define ATT_DEC_MIN_BLOCKS 2 /* q and O of 8 heads x 8 dims per lane need ~210 registers: 2 blocks per SM */
 
 template <int NR>
 struct att_log2 {
     static constexpr int v = NR >= 16 ? 4 : NR >= 8 ? 3 : NR >= 4 ? 2 : NR >= 2 ? 1 : 0;
 };
 
-/* Sum v[0..NR) over the warp; afterwards v[0] of lane L holds the sum of value r = L >> (5 - log2 NR). */
-template <int NR>
+template <int DT, int NR>
+struct att_dec_cfg {
+    static constexpr int ESZ = DT == BERTH_DTYPE_F32 ? 4 : 2;
+    static constexpr int E = NR <= 8 ? 8 : 4; /* head-dim elements per lane */
+    static constexpr int CB = E * ESZ;        /* bytes of a lane's slice of one K or V vector: 8, 16 or 32 */
+    static constexpr int PB = CB < 16 ? CB : 16; /* bytes per copy and per shared load */
+    static constexpr int NP = CB / PB;           /* copies per slice */
+    static constexpr int PE = PB / ESZ;          /* elements per copy */
+    static constexpr int KB = ESZ == 4 ? 2 : 4;  /* keys per batch */
+    static constexpr int S = ATT_DEC_STAGES;
+    static constexpr int LG = att_log2<NR>::v;
+    static constexpr int RL = 32 >> LG; /* lanes that hold one head's score after the reduce-scatter */
+    static constexpr int WARP_RING = S * KB * 2 * 32 * CB;           /* bytes per warp */
+    static constexpr int RING = ATT_DEC_WARPS * WARP_RING;           /* bytes */
+    static constexpr int MERGE = ATT_DEC_THREADS * E * NR * 4;       /* bytes: every lane's accumulators */
+    static constexpr int SMEM = RING > MERGE ? RING : MERGE; /* dynamic shared memory of the kernel */
+    /* byte offset of a lane's slice (stage st, key kb, 0 = K / 1 = V) inside its warp's ring; copy c of the slice
+     * is at + c * 32 * PB, so consecutive lanes read consecutive PB-byte words (no bank conflicts) */
+    static __device__ __forceinline__ int slice(int st, int kb, int kv, int lane)
+    {
+        return ((st * KB + kb) * 2 + kv) * NP * 32 * PB + lane * PB;
+    }
+};
+
+/* c ? x : y as one selp: written as a plain ?: on array elements, the compiler may turn it into a select of
+ * addresses and move the array to local memory. */
+__device__ __forceinline__ float att_dec_sel(bool c, float x, float y)
+{
+    float r;
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}\n"
+        : "=f"(r)
+        : "f"(x), "f"(y), "r"((int)c));
+    return r;
+}
+
+/* Sum v[0..NR) over the warp; afterwards v[0] of lane L holds the sum of value r = L >> (5 - log2 NR). Step STEP
+ * halves the values a lane carries: lanes with bit 16 >> STEP set keep the upper half, the others the lower. (One
+ * template per step, so that every loop has a constant trip count and fully unrolls.) */
+template <int NR, int STEP = 0>
 __device__ __forceinline__ void att_reduce_scatter(float v[NR], int lane)
 {
-    constexpr int LG = att_log2<NR>::v;
-#pragma unroll
-    for (int step = 0; step < LG; step++) {
-        const int o = 16 >> step;
-        const int half = NR >> (step + 1);
+    if constexpr ((NR >> STEP) > 1) {
+        constexpr int o = 16 >> STEP, half = NR >> (STEP + 1);
         const bool up = (lane & o) != 0;
 #pragma unroll
         for (int i = 0; i < half; i++) {
-            const float send = up ? v[i] : v[i + half];
-            const float keep = up ? v[i + half] : v[i];
+            const float send = att_dec_sel(up, v[i], v[i + half]);
+            const float keep = att_dec_sel(up, v[i + half], v[i]);
             v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
         }
-    }
+        att_reduce_scatter<NR, STEP + 1>(v, lane);
+    } else {
 #pragma unroll
-    for (int o = 16 >> LG; o > 0; o >>= 1)
-        v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+        for (int o = 16 >> STEP; o > 0; o >>= 1)
+            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    }
 }
 
-template <int DT, int NR, int CPL>
-__global__ void __launch_bounds__(ATT_DEC_THREADS, 1) attn_decode_kernel(const attn_args a)
+/* cp.async of PB (8 or 16) bytes, global -> shared; .cg (L2 only) for 16 bytes: K/V are streamed once. */
+template <int PB>
+__device__ __forceinline__ void att_dec_cp_async(uint32_t dst, const void *src)
 {
-    constexpr int LG = att_log2<NR>::v;
-    constexpr int QW = CPL * 256;      /* floats of q per head in shared memory */
-    constexpr int HPT = (NR + 1) / 2;  /* most heads one thread accumulates in phase C (head groups >= 2) */
-    constexpr int KT = ATT_DEC_KT;
-    constexpr int KG = NR >= 16 ? 2 : 4; /* keys a warp scores at once (register budget) */
-    constexpr int VG = NR >= 16 ? 2 : 4; /* keys whose V chunks a thread loads at once in phase C */
-    __shared__ __align__(16) float q_s[NR * QW];
-    __shared__ float s_s[NR * KT];
-    __shared__ float m_s[NR], l_s[NR], al_s[NR];
-    __shared__ int64_t koff_s[KT], voff_s[KT];
+    if constexpr (PB == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(PB) : "memory");
+}
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+__device__ __forceinline__ void att_dec_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+/* Wait until at most N of this thread's most recent copy groups are still pending. */
+template <int N>
+__device__ __forceinline__ void att_dec_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+/* Barrier of the WT warps of team `team` (ids 1 and 2, immediates: 0 is __syncthreads; at most 2 teams of 2+). */
+template <int WT>
+__device__ __forceinline__ void att_dec_team_bar(int team)
+{
+    if (team == 0)
+        asm volatile("bar.sync 1, %0;\n" ::"n"(WT * 32) : "memory");
+    else
+        asm volatile("bar.sync 2, %0;\n" ::"n"(WT * 32) : "memory");
+}
+
+/* A lane's slice of one K/V vector, element by element (rows not 16-byte aligned, or the slice that straddles the
+ * end of the vector): elements at or past nvalid are stored as zeros and never read. Same layout as the copies. */
+template <int DT, int NR>
+__device__ __forceinline__ void att_dec_copy_elems(unsigned char *dst, const char *src, int nvalid)
+{
+    using C = att_dec_cfg<DT, NR>;
+#pragma unroll
+    for (int e = 0; e < C::E; e++) {
+        unsigned char *d = dst + (e / C::PE) * 32 * C::PB + (e % C::PE) * C::ESZ;
+        if constexpr (C::ESZ == 2)
+            *(uint16_t *)d = e < nvalid ? ((const uint16_t *)src)[e] : (uint16_t)0;
+        else
+            *(uint32_t *)d = e < nvalid ? ((const uint32_t *)src)[e] : 0u;
+    }
+}
+
+/* Two packed 16-bit K/V elements (low half first) widened to fp32 exactly. */
+template <int DT>
+__device__ __forceinline__ void att_dec_widen2(uint32_t w, float *f)
+{
+    if constexpr (DT == BERTH_DTYPE_BF16) {
+        f[0] = __uint_as_float(w << 16);
+        f[1] = __uint_as_float(w & 0xffff0000u);
+    } else {
+        f[0] = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+        f[1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+    }
+}
+
+/* A lane's slice (E elements) from shared memory, widened to fp32. */
+template <int DT, int NR>
+__device__ __forceinline__ void att_dec_widen(const unsigned char *src, float f[])
+{
+    using C = att_dec_cfg<DT, NR>;
+    if constexpr (C::PB == 16) {
+#pragma unroll
+        for (int c = 0; c < C::NP; c++) {
+            const uint4 u = *(const uint4 *)(src + c * 32 * 16);
+            if constexpr (C::ESZ == 4) {
+                f[c * 4 + 0] = __uint_as_float(u.x);
+                f[c * 4 + 1] = __uint_as_float(u.y);
+                f[c * 4 + 2] = __uint_as_float(u.z);
+                f[c * 4 + 3] = __uint_as_float(u.w);
+            } else {
+                att_dec_widen2<DT>(u.x, f + c * 8 + 0);
+                att_dec_widen2<DT>(u.y, f + c * 8 + 2);
+                att_dec_widen2<DT>(u.z, f + c * 8 + 4);
+                att_dec_widen2<DT>(u.w, f + c * 8 + 6);
+            }
+        }
+    } else { /* 8 bytes: four 16-bit elements */
+        const uint2 u = *(const uint2 *)src;
+        att_dec_widen2<DT>(u.x, f + 0);
+        att_dec_widen2<DT>(u.y, f + 2);
+    }
+}
+
+/* v[0..NR) = src[0..NR) from shared memory (16-byte loads when NR is a multiple of 4; every lane reads the same
+ * addresses: broadcasts). */
+template <int NR>
+__device__ __forceinline__ void att_dec_ld_heads(const float *src, float v[NR])
+{
+    if constexpr (NR % 4 == 0) {
+#pragma unroll
+        for (int r = 0; r < NR; r += 4) {
+            const float4 x = *(const float4 *)(src + r);
+            v[r] = x.x, v[r + 1] = x.y, v[r + 2] = x.z, v[r + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+            v[r] = src[r];
+    }
+}
+
+template <int DT, int NR, int WT>
+__global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_decode_kernel(const attn_args a)
+{
+    using C = att_dec_cfg<DT, NR>;
+    constexpr int E = C::E, KB = C::KB, S = C::S, LG = C::LG, RL = C::RL, NP = C::NP, PB = C::PB;
+    constexpr int NT = ATT_DEC_WARPS / WT; /* teams */
+    constexpr int TW = 32 * E * WT;        /* head-dim columns a team covers */
+    static_assert(WT == 1 || NT <= 2, "att_dec_team_bar has two barrier ids");
+    extern __shared__ __align__(16) unsigned char att_dec_smem[]; /* C::SMEM: K/V rings; at the end, the merge */
+    __shared__ __align__(16) float pw_s[ATT_DEC_WARPS][KB][NR]; /* p of the batch, per warp */
+    __shared__ __align__(16) float alw_s[ATT_DEC_WARPS][NR];    /* rescale factors of the batch, per warp */
+    __shared__ float sx_s[WT > 1 ? 2 : 1][ATT_DEC_WARPS][KB][NR]; /* teams: partial scores per warp */
+    __shared__ float tm_s[NT][NR], tl_s[NT][NR], tw_s[NT][NR], tl_all_s[NR];
+
+    /* Launched by cu_launch (cuda_launch.cuh): let the next kernel be scheduled, then wait for the previous one
+     * (everything this kernel reads, metadata included, may come from earlier work of the stream). */
+    cu_pdl_trigger();
+    cu_pdl_wait();
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, team = warp / WT, wi = warp % WT;
     const int seq = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
+    /* Independent loads first: with one row per sequence (the usual decode batch) row seq is the row. */
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
+    const int32_t kv_len = att_kv_len(a, seq);
+    const int32_t pos_seq = a.positions[seq]; /* seq < n_seqs == T */
     if (q0 < 0 || q1 < q0 || q1 > a.T)
         return;
-    const int32_t kv_len = att_kv_len(a, seq);
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
-    const int n_rep = a.n_rep, H = a.n_heads;
-    constexpr size_t esz = DT == BERTH_DTYPE_F32 ? 4 : 2;
-    const bool vec = a.vec != 0;
-
-    /* Phase C mapping. */
-    const int NC = (a.DV + 7) / 8;             /* <= 64 */
-    const int HG = ATT_DEC_THREADS / NC;       /* >= 2 */
-    const int c_c = tid % NC, hg = tid / NC;
-    const bool c_on = hg < HG;
+    const int n_rep = a.n_rep, H = a.n_heads, ns = a.ns, D = a.D, DV = a.DV;
+    const int r_own = lane >> (5 - LG);      /* the head whose score this lane holds */
+    const bool owner = (lane & (RL - 1)) == 0; /* one lane per head writes it */
+    const int dim0 = (wi * 32 + lane) * E;   /* this lane's dims of K, q, V and the output */
+    const bool k_on = dim0 < D, v_on = dim0 < DV;
+    const bool k_full = a.vec && dim0 + E <= D, v_full = a.vec && dim0 + E <= DV;
+    const int64_t kdim = (int64_t)g * a.head_stride + (int64_t)dim0 * C::ESZ;
+    const int64_t vdim = (int64_t)g * a.v_head_stride + (int64_t)dim0 * C::ESZ;
+    unsigned char *ring = att_dec_smem + warp * C::WARP_RING;
+    const uint32_t ring_s = (uint32_t)__cvta_generic_to_shared(ring);
+    float *mo = (float *)att_dec_smem; /* merge: [NT][NR][TW] */
 
     for (int32_t t = q0; t < q1; t++) {
+        const int32_t pos = t == seq ? pos_seq : a.positions[t];
         int32_t lo, hi;
-        att_row_range(a, a.positions[t], kv_len, &lo, &hi);
-        /* This split's share of [lo, hi): chunks of at least ATT_DEC_MIN_CHUNK keys, a multiple of KT. */
-        const int64_t len = (int64_t)hi - lo;
-        int64_t chunk = (len + a.ns - 1) / a.ns;
-        chunk = chunk < ATT_DEC_MIN_CHUNK ? ATT_DEC_MIN_CHUNK : chunk;
-        chunk = (chunk + KT - 1) / KT * KT;
+        att_row_range(a, pos, kv_len, &lo, &hi);
+        /* This split's share of [lo, hi): chunks of at least ATT_DEC_MIN_CHUNK keys, a multiple of it. */
+        const int32_t len = hi - lo; /* 32-bit division: no 64-bit division routine in the kernel */
+        int64_t chunk = (int64_t)((uint32_t)len / (uint32_t)ns) + ((uint32_t)len % (uint32_t)ns != 0u);
+        chunk = (chunk + ATT_DEC_MIN_CHUNK - 1) / ATT_DEC_MIN_CHUNK * ATT_DEC_MIN_CHUNK;
+        chunk = chunk > 0 ? chunk : ATT_DEC_MIN_CHUNK;
         const int64_t kb64 = (int64_t)lo + (int64_t)split * chunk;
         const int32_t k_begin = kb64 < hi ? (int32_t)kb64 : hi;
         const int32_t k_end = (int64_t)k_begin + chunk < hi ? (int32_t)(k_begin + chunk) : hi;
-        const int64_t ml_base = ((int64_t)t * H + (int64_t)g * n_rep) * a.ns + split; /* head r: + r * ns */
+        const int64_t ml_base = ((int64_t)t * H + (int64_t)g * n_rep) * ns + split; /* head r: + r * ns */
 
-        __syncthreads(); /* the previous row is done with the shared arrays */
+        if (t > q0)
+            __syncthreads(); /* the previous row's merge is done with the shared arrays */
         if (k_begin >= k_end) {
             if (a.direct) {
-                for (int it = tid; it < n_rep * a.DV; it += ATT_DEC_THREADS)
-                    att_store_out(a, t, g * n_rep + it / a.DV, it % a.DV, 0.0f, 0.0f);
+                for (int it = tid; it < n_rep * DV; it += ATT_DEC_THREADS)
+                    att_store_out(a, t, g * n_rep + it / DV, it % DV, 0.0f, 0.0f);
             } else if (tid < n_rep) {
-                a.part_ml[(ml_base + (int64_t)tid * a.ns) * 2] = -INFINITY;
-                a.part_ml[(ml_base + (int64_t)tid * a.ns) * 2 + 1] = 0.0f;
+                a.part_ml[(ml_base + (int64_t)tid * ns) * 2] = -INFINITY;
+                a.part_ml[(ml_base + (int64_t)tid * ns) * 2 + 1] = 0.0f;
             }
             continue;
         }
 
-        /* q of the NR heads (zeros past n_rep and past D), 4 floats per step, all loads issued first. */
-        {
-            constexpr int Q4 = NR * QW / 4, QIT = (Q4 + ATT_DEC_THREADS - 1) / ATT_DEC_THREADS;
-            float4 qv[QIT];
+        /* Batches of KB keys from k_begin; this team takes batches team, team + NT, ... */
+        const int32_t nb = (k_end - k_begin + KB - 1) / KB;
+        const int32_t nbt = nb > team ? (nb - team + NT - 1) / NT : 0;
+
+        /* The next batch to copy: block numbers (read one batch ahead), slots in the block, keys present. */
+        int32_t nx_blk[KB], nx_slot[KB];
 #pragma unroll
-            for (int k = 0; k < QIT; k++) {
-                const int it = tid + k * ATT_DEC_THREADS, r = it / (QW / 4), d0 = it % (QW / 4) * 4;
-                qv[k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (it < Q4 && r < n_rep && d0 < a.D) {
-                    const char *qr = a.q + (int64_t)t * a.q_nb2 + (int64_t)(g * n_rep + r) * a.q_nb1;
-                    if (a.q_vec && d0 + 4 <= a.D)
-                        qv[k] = *(const float4 *)(qr + (size_t)d0 * 4);
-                    else
-                        qv[k] = make_float4(cu_ld(qr, a.q_dt, d0), d0 + 1 < a.D ? cu_ld(qr, a.q_dt, d0 + 1) : 0.0f,
-                                            d0 + 2 < a.D ? cu_ld(qr, a.q_dt, d0 + 2) : 0.0f,
-                                            d0 + 3 < a.D ? cu_ld(qr, a.q_dt, d0 + 3) : 0.0f);
+        for (int kb = 0; kb < KB; kb++)
+            nx_blk[kb] = -1, nx_slot[kb] = 0;
+        uint32_t nx_mask = 0;
+        auto fetch = [&](int32_t i) { /* block-table entries of this team's batch i */
+            nx_mask = 0;
+            if (i < nbt) {
+                const int32_t j0 = k_begin + (team + i * NT) * KB; /* < k_end */
+                int32_t blk = j0 / a.block_size, sl = j0 - blk * a.block_size;
+#pragma unroll
+                for (int kb = 0; kb < KB; kb++) {
+                    if (kb > 0 && ++sl == a.block_size) {
+                        sl = 0;
+                        blk++;
+                    }
+                    nx_slot[kb] = sl;
+                    nx_blk[kb] = -1;
+                    if (j0 + kb < k_end) { /* then blk < bt_width: inside the table row */
+                        nx_blk[kb] = bt[blk];
+                        nx_mask |= 1u << kb;
+                    }
                 }
             }
+        };
+        uint32_t vmask = 0; /* bit st * KB + kb: key kb of the batch in stage st is present */
+        auto issue = [&](int st) { /* copy the fetched batch into stage st (one copy group, maybe empty) */
 #pragma unroll
-            for (int k = 0; k < QIT; k++) {
-                const int it = tid + k * ATT_DEC_THREADS;
-                if (it < Q4)
-                    *(float4 *)(q_s + it * 4) = qv[k];
+            for (int kb = 0; kb < KB; kb++) {
+                const int32_t b = nx_blk[kb];
+                const bool present = (nx_mask >> kb & 1u) && b >= 0 && b < a.n_blocks;
+                const uint32_t bit = 1u << (st * KB + kb);
+                vmask = present ? vmask | bit : vmask & ~bit;
+                if (!present)
+                    continue; /* never dereferenced: its score is -inf and its V is skipped */
+                const int64_t boff = (int64_t)b * a.block_stride;
+                const char *kp = a.kbase + boff + (int64_t)nx_slot[kb] * a.token_stride + kdim;
+                const char *vp = a.vbase + boff + (int64_t)nx_slot[kb] * a.v_token_stride + vdim;
+                const int ko = C::slice(st, kb, 0, lane), vo = C::slice(st, kb, 1, lane);
+                if (k_full) {
+#pragma unroll
+                    for (int c = 0; c < NP; c++)
+                        att_dec_cp_async<PB>(ring_s + ko + c * 32 * PB, kp + c * PB);
+                } else if (k_on) {
+                    att_dec_copy_elems<DT, NR>(ring + ko, kp, D - dim0);
+                }
+                if (v_full) {
+#pragma unroll
+                    for (int c = 0; c < NP; c++)
+                        att_dec_cp_async<PB>(ring_s + vo + c * 32 * PB, vp + c * PB);
+                } else if (v_on) {
+                    att_dec_copy_elems<DT, NR>(ring + vo, vp, DV - dim0);
+                }
+            }
+            att_dec_cp_commit();
+        };
+
+        fetch(0);
+        /* q of the NR heads on this lane's dims (zeros past n_rep and past D), fp32 in registers */
+        float q[NR][E];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                q[r][e] = 0.0f;
+            if (r < n_rep && k_on) {
+                const char *qr = a.q + (int64_t)t * a.q_nb2 + (int64_t)(g * n_rep + r) * a.q_nb1;
+                if (a.q_vec && dim0 + E <= D) {
+#pragma unroll
+                    for (int e = 0; e < E; e += 4) {
+                        const float4 x = *(const float4 *)(qr + (size_t)(dim0 + e) * 4);
+                        q[r][e] = x.x, q[r][e + 1] = x.y, q[r][e + 2] = x.z, q[r][e + 3] = x.w;
+                    }
+                } else {
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        if (dim0 + e < D)
+                            q[r][e] = cu_ld(qr, a.q_dt, dim0 + e);
+                }
             }
         }
-        if (tid < NR) {
-            m_s[tid] = -INFINITY;
-            l_s[tid] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < S - 1; i++) {
+            issue(i);
+            fetch(i + 1);
         }
-        float acc[HPT][8];
-#pragma unroll
-        for (int i = 0; i < HPT; i++)
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                acc[i][e] = 0.0f;
 
-        for (int32_t k0 = k_begin; k0 < k_end; k0 += KT) {
-            if (tid < KT) {
-                const int32_t j = k0 + tid;
-                int64_t ko = -1, vo = -1;
-                if (j < k_end)
-                    att_key_offsets(a, bt, j, g, &ko, &vo);
-                koff_s[tid] = ko;
-                voff_s[tid] = vo;
+        float m = -INFINITY, l = 0.0f; /* online softmax of head r_own */
+        float acc[NR][E];
+#pragma unroll
+        for (int r = 0; r < NR; r++)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[r][e] = 0.0f;
+        int par = 0;
+
+        for (int32_t i = 0; i < nbt; i++) {
+            const int st = i % S;
+            issue((i + S - 1) % S); /* batch i + S - 1 into the stage used by batch i - 1 */
+            fetch(i + S);
+            att_dec_cp_wait<S - 1>(); /* batch i has landed (this lane's copies: the only ones it reads) */
+            const uint32_t vb = vmask >> (st * KB);
+
+            /* scores: this lane's dims of each key dotted with q of all heads, summed over the warp */
+            float s[KB];
+#pragma unroll
+            for (int kb = 0; kb < KB; kb++) {
+                float dot[NR];
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    dot[r] = 0.0f;
+                if (k_on) {
+                    float kf[E];
+                    att_dec_widen<DT, NR>(ring + C::slice(st, kb, 0, lane), kf);
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+#pragma unroll
+                        for (int r = 0; r < NR; r++)
+                            dot[r] = fmaf(q[r][e], kf[e], dot[r]);
+                }
+                att_reduce_scatter<NR>(dot, lane);
+                s[kb] = dot[0];
             }
-            __syncthreads(); /* also: q_s, m_s, l_s ready; the previous tile's phase C is done with s_s */
+            if constexpr (WT > 1) { /* add the team's warps' partials, in the same order in every warp */
+                if (owner)
+#pragma unroll
+                    for (int kb = 0; kb < KB; kb++)
+                        sx_s[par][warp][kb][r_own] = s[kb];
+                att_dec_team_bar<WT>(team);
+#pragma unroll
+                for (int kb = 0; kb < KB; kb++) {
+                    float v = 0.0f;
+#pragma unroll
+                    for (int w = 0; w < WT; w++)
+                        v += sx_s[par][team * WT + w][kb][r_own];
+                    s[kb] = v;
+                }
+                par ^= 1; /* the other buffer next: a warp passes the next barrier only after all have read */
+            }
 
-            /* A. scores */
+            /* online softmax of head r_own over the batch */
+            float mx = -INFINITY;
 #pragma unroll
-            for (int grp = 0; grp < 8 / KG; grp++) {
-                const int jb = warp * 8 + grp * KG;
-                float dot[KG][NR];
+            for (int kb = 0; kb < KB; kb++) {
+                s[kb] = (vb >> kb & 1u) && r_own < n_rep ? att_score(a, s[kb]) : -INFINITY;
+                mx = fmaxf(mx, s[kb]);
+            }
+            const float m_new = fmaxf(m, mx);
+            float alpha = 1.0f, psum = 0.0f;
 #pragma unroll
-                for (int kk = 0; kk < KG; kk++)
+            for (int kb = 0; kb < KB; kb++) {
+                s[kb] = m_new == -INFINITY ? 0.0f : expf(s[kb] - m_new);
+                psum += s[kb];
+            }
+            if (m_new != -INFINITY)
+                alpha = expf(m - m_new);
+            l = l * alpha + psum;
+            m = m_new;
+            if (owner) {
+#pragma unroll
+                for (int kb = 0; kb < KB; kb++)
+                    pw_s[warp][kb][r_own] = s[kb];
+                alw_s[warp][r_own] = alpha;
+            }
+            __syncwarp();
+
+            /* O = alpha O + sum_k p_k V_k on this lane's dims, all heads */
+            if (v_on) {
+                float al[NR];
+                att_dec_ld_heads<NR>(alw_s[warp], al);
+                bool rescale = false;
+#pragma unroll
+                for (int r = 0; r < NR; r++)
+                    rescale |= al[r] != 1.0f;
+                if (rescale) /* the same in every lane: the running max moved for some head */
 #pragma unroll
                     for (int r = 0; r < NR; r++)
-                        dot[kk][r] = 0.0f;
 #pragma unroll
-                for (int cc = 0; cc < CPL; cc++) {
-                    const int d0 = (lane + 32 * cc) * 8;
-                    if (d0 >= a.D)
-                        continue; /* lane-divergent, but no shuffle inside */
-                    float kf[KG][8];
+                        for (int e = 0; e < E; e++)
+                            acc[r][e] *= al[r];
 #pragma unroll
-                    for (int kk = 0; kk < KG; kk++) {
-                        const int64_t ko = koff_s[jb + kk];
-                        if (ko >= 0)
-                            att_ld8<DT>(a.kbase + ko + (int64_t)d0 * esz, a.D - d0, vec, kf[kk]);
-                        else
+                for (int kb = 0; kb < KB; kb++) {
+                    if (!(vb >> kb & 1u))
+                        continue; /* absent key: p is 0 and its slice was not copied */
+                    float p[NR], vf[E];
+                    att_dec_ld_heads<NR>(pw_s[warp][kb], p);
+                    att_dec_widen<DT, NR>(ring + C::slice(st, kb, 1, lane), vf);
 #pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                kf[kk][e] = 0.0f;
-                    }
+                    for (int r = 0; r < NR; r++)
 #pragma unroll
-                    for (int r = 0; r < NR; r++) {
-                        const float4 qa = *(const float4 *)(q_s + r * QW + d0);
-                        const float4 qb = *(const float4 *)(q_s + r * QW + d0 + 4);
-#pragma unroll
-                        for (int kk = 0; kk < KG; kk++) {
-                            float s = dot[kk][r];
-                            s = fmaf(qa.x, kf[kk][0], s);
-                            s = fmaf(qa.y, kf[kk][1], s);
-                            s = fmaf(qa.z, kf[kk][2], s);
-                            s = fmaf(qa.w, kf[kk][3], s);
-                            s = fmaf(qb.x, kf[kk][4], s);
-                            s = fmaf(qb.y, kf[kk][5], s);
-                            s = fmaf(qb.z, kf[kk][6], s);
-                            s = fmaf(qb.w, kf[kk][7], s);
-                            dot[kk][r] = s;
-                        }
-                    }
-                }
-#pragma unroll
-                for (int kk = 0; kk < KG; kk++) {
-                    att_reduce_scatter<NR>(dot[kk], lane);
-                    const int r = lane >> (5 - LG);
-                    if ((lane & ((32 >> LG) - 1)) == 0 && r < n_rep) {
-                        const int j = jb + kk;
-                        s_s[r * KT + j] = koff_s[j] >= 0 ? att_score(a, dot[kk][0]) : -INFINITY;
-                    }
+                        for (int e = 0; e < E; e++)
+                            acc[r][e] = fmaf(p[r], vf[e], acc[r][e]);
                 }
             }
-            __syncthreads();
-
-            /* B. online softmax, one warp per head */
-            for (int r = warp; r < n_rep; r += ATT_DEC_THREADS / 32) {
-                const float s = s_s[r * KT + lane];
-                float mx = cu_warp_max(s);
-                const float m_old = m_s[r];
-                const float m_new = fmaxf(m_old, mx);
-                float p = 0.0f, alpha = 1.0f;
-                if (m_new != -INFINITY) {
-                    p = expf(s - m_new);
-                    alpha = expf(m_old - m_new);
-                }
-                const float sum = cu_warp_sum(p);
-                s_s[r * KT + lane] = p;
-                if (lane == 0) {
-                    m_s[r] = m_new;
-                    l_s[r] = l_s[r] * alpha + sum;
-                    al_s[r] = alpha;
-                }
-            }
-            __syncthreads();
-
-            /* C. O += P V */
-            if (c_on) {
-                const int d0 = c_c * 8;
-#pragma unroll
-                for (int i = 0; i < HPT; i++) {
-                    const int r = hg + i * HG;
-                    if (r < n_rep) {
-                        const float al = al_s[r];
-#pragma unroll
-                        for (int e = 0; e < 8; e++)
-                            acc[i][e] *= al;
-                    }
-                }
-                for (int j0 = 0; j0 < KT; j0 += VG) {
-                    /* VG keys' V chunks loaded before use; absent keys (p is 0) read as zeros, never from memory */
-                    float vf[VG][8];
-#pragma unroll
-                    for (int jj = 0; jj < VG; jj++) {
-                        const int64_t vo = voff_s[j0 + jj];
-                        if (vo >= 0)
-                            att_ld8<DT>(a.vbase + vo + (int64_t)d0 * esz, a.DV - d0, vec, vf[jj]);
-                        else
-#pragma unroll
-                            for (int e = 0; e < 8; e++)
-                                vf[jj][e] = 0.0f;
-                    }
-#pragma unroll
-                    for (int jj = 0; jj < VG; jj++)
-#pragma unroll
-                        for (int i = 0; i < HPT; i++) {
-                            const int r = hg + i * HG;
-                            if (r < n_rep) {
-                                const float p = s_s[r * KT + j0 + jj];
-#pragma unroll
-                                for (int e = 0; e < 8; e++)
-                                    acc[i][e] = fmaf(p, vf[jj][e], acc[i][e]);
-                            }
-                        }
-                }
-            }
-            __syncthreads(); /* phase C done before the next tile rewrites koff_s / s_s */
+            __syncwarp(); /* pw_s / alw_s are rewritten by the next batch */
         }
 
-        /* Results of this row. */
-        if (c_on) {
-            const int d0 = c_c * 8;
+        /* Merge the teams: M = max m_t, weights e^(m_t - M), L = sum w_t l_t, O = sum w_t O_t. */
+        att_dec_cp_wait<0>();
+        __syncthreads(); /* every warp is done with its ring: the merge buffer overlays them */
+        if (wi == 0 && owner) {
+            tm_s[team][r_own] = m;
+            tl_s[team][r_own] = l;
+        }
 #pragma unroll
-            for (int i = 0; i < HPT; i++) {
-                const int r = hg + i * HG;
-                if (r >= n_rep)
-                    continue;
-                const int h = g * n_rep + r;
-                if (a.direct) {
-                    const float l = l_s[r];
+        for (int r = 0; r < NR; r++)
 #pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (d0 + e < a.DV)
-                            att_store_out(a, t, h, d0 + e, acc[i][e], l);
-                } else {
-                    float *po = a.part_o + (((int64_t)t * H + h) * a.ns + split) * a.DV;
+            for (int e = 0; e < E; e += 4)
+                *(float4 *)(mo + (team * NR + r) * TW + dim0 + e) =
+                    make_float4(acc[r][e], acc[r][e + 1], acc[r][e + 2], acc[r][e + 3]);
+        __syncthreads();
+        if (tid < NR) {
+            float M = -INFINITY;
 #pragma unroll
-                    for (int e = 0; e < 8; e++)
-                        if (d0 + e < a.DV)
-                            po[d0 + e] = acc[i][e];
-                }
+            for (int tm = 0; tm < NT; tm++)
+                M = fmaxf(M, tm_s[tm][tid]);
+            float L = 0.0f;
+#pragma unroll
+            for (int tm = 0; tm < NT; tm++) {
+                const float w = tm_s[tm][tid] == -INFINITY ? 0.0f : expf(tm_s[tm][tid] - M);
+                tw_s[tm][tid] = w;
+                L = fmaf(w, tl_s[tm][tid], L);
+            }
+            tl_all_s[tid] = L;
+            if (!a.direct && tid < n_rep) {
+                a.part_ml[(ml_base + (int64_t)tid * ns) * 2] = M;
+                a.part_ml[(ml_base + (int64_t)tid * ns) * 2 + 1] = L;
             }
         }
-        if (!a.direct && tid < n_rep) {
-            a.part_ml[(ml_base + (int64_t)tid * a.ns) * 2] = m_s[tid];
-            a.part_ml[(ml_base + (int64_t)tid * a.ns) * 2 + 1] = l_s[tid];
+        __syncthreads();
+        for (int it = tid; it < n_rep * DV; it += ATT_DEC_THREADS) {
+            const int r = it / DV, d = it - r * DV;
+            float o = 0.0f;
+#pragma unroll
+            for (int tm = 0; tm < NT; tm++)
+                o = fmaf(tw_s[tm][r], mo[(tm * NR + r) * TW + d], o);
+            if (a.direct)
+                att_store_out(a, t, g * n_rep + r, d, o, tl_all_s[r]);
+            else
+                a.part_o[(((int64_t)t * H + g * n_rep + r) * ns + split) * DV + d] = o;
         }
     }
 }
 
 /* Merge the ns split partials of each (row, head): weights e^(m_s - M), out = sum w_s O_s / sum w_s l_s. Splits
- * that saw no key (l == 0) are skipped without reading their O (never written). Block per (row, head). */
-__global__ void __launch_bounds__(ATT_COMBINE_THREADS) attn_combine_kernel(const attn_args a)
+ * that saw no key (l == 0) get weight 0 and their O (never written) is not used. Block per (row, head, 64 output
+ * columns): warp 0 computes the weights, then 16 column groups of 4 x 8 subsets of the splits accumulate, and a
+ * shared-memory sum finishes. */
+#define ATT_CMB_COLS 64
+#define ATT_CMB_SUBS (ATT_CMB_THREADS / (ATT_CMB_COLS / 4))
+
+__global__ void __launch_bounds__(ATT_CMB_THREADS) attn_combine_kernel(const attn_args a)
 {
+    constexpr int CG = ATT_CMB_COLS / 4;
     __shared__ float w_s[ATT_DEC_MAX_SPLITS];
-    const int64_t th = blockIdx.x; /* t * H + h */
-    const int64_t t = th / a.n_heads;
-    const int h = (int)(th % a.n_heads);
-    const int ns = a.ns;
-    const float *ml = a.part_ml + th * ns * 2;
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++)
-        if (ml[2 * s + 1] > 0.0f)
-            M = fmaxf(M, ml[2 * s]);
-    if (threadIdx.x < ns) {
-        const int s = threadIdx.x;
-        w_s[s] = ml[2 * s + 1] > 0.0f && M != -INFINITY ? expf(ml[2 * s] - M) : 0.0f;
+    __shared__ float L_s;
+    __shared__ float4 red_s[ATT_CMB_SUBS - 1][CG];
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* the decode kernel's partials */
+    const int tid = threadIdx.x, lane = tid & 31;
+    const int64_t th = blockIdx.x; /* t * H + h (< 2^31: the checks bound T * H) */
+    const int64_t t = blockIdx.x / (unsigned)a.n_heads;
+    const int h = (int)(blockIdx.x % (unsigned)a.n_heads);
+    const int ns = a.ns, DV = a.DV;
+    if (tid < 32) {
+        const float *ml = a.part_ml + th * ns * 2;
+        float M = -INFINITY;
+        for (int s = lane; s < ns; s += 32)
+            if (ml[2 * s + 1] > 0.0f)
+                M = fmaxf(M, ml[2 * s]);
+        M = cu_warp_max(M);
+        float L = 0.0f;
+        for (int s = lane; s < ns; s += 32) {
+            const float ls = ml[2 * s + 1];
+            const float w = ls > 0.0f ? expf(ml[2 * s] - M) : 0.0f;
+            w_s[s] = w;
+            L = fmaf(w, ls, L);
+        }
+        L = cu_warp_sum(L);
+        if (lane == 0)
+            L_s = L;
     }
     __syncthreads();
-    float L = 0.0f;
-    for (int s = 0; s < ns; s++)
-        if (w_s[s] > 0.0f)
-            L += w_s[s] * ml[2 * s + 1];
-    const float *po = a.part_o + th * ns * a.DV;
-    for (int d = threadIdx.x; d < a.DV; d += ATT_COMBINE_THREADS) {
-        float acc = 0.0f;
-        for (int s = 0; s < ns; s++)
-            if (w_s[s] > 0.0f)
-                acc = fmaf(w_s[s], po[(int64_t)s * a.DV + d], acc);
-        att_store_out(a, t, h, d, acc, L);
+    const int cg = tid % CG, sub = tid / CG;
+    const int d0 = (int)blockIdx.y * ATT_CMB_COLS + cg * 4;
+    const float *po = a.part_o + th * ns * DV + d0;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (d0 + 4 <= DV && (DV & 3) == 0) { /* rows of part_o are 16-byte aligned */
+#pragma unroll 4
+        for (int s = sub; s < ns; s += ATT_CMB_SUBS) {
+            const float w = w_s[s];
+            const float4 o = *(const float4 *)(po + (int64_t)s * DV); /* inside the workspace even if unwritten */
+            if (w > 0.0f) {
+                acc[0] = fmaf(w, o.x, acc[0]);
+                acc[1] = fmaf(w, o.y, acc[1]);
+                acc[2] = fmaf(w, o.z, acc[2]);
+                acc[3] = fmaf(w, o.w, acc[3]);
+            }
+        }
+    } else if (d0 < DV) {
+        for (int s = sub; s < ns; s += ATT_CMB_SUBS) {
+            const float w = w_s[s];
+            if (w > 0.0f)
+                for (int e = 0; e < 4 && d0 + e < DV; e++)
+                    acc[e] = fmaf(w, po[(int64_t)s * DV + e], acc[e]);
+        }
+    }
+    if (sub > 0)
+        red_s[sub - 1][cg] = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    __syncthreads();
+    if (sub == 0 && d0 < DV) {
+#pragma unroll
+        for (int k = 0; k < ATT_CMB_SUBS - 1; k++) {
+            const float4 o = red_s[k][cg];
+            acc[0] += o.x, acc[1] += o.y, acc[2] += o.z, acc[3] += o.w;
+        }
+        const float L = L_s;
+        for (int e = 0; e < 4 && d0 + e < DV; e++)
+            att_store_out(a, t, h, d0 + e, acc[e], L);
     }
 }
 
@@ -913,14 +1661,21 @@ bool cu_check_attention(const berth_backend *be, struct opck *c, const berth_att
     return true;
 }
 
-/* Split count of the decode path for an upper bound kv_bound of keys per sequence. */
-static int att_dec_splits(const berth_backend *be, int64_t kv_bound, int32_t n_seqs, int32_t n_kv_heads, int64_t T,
-                          int64_t H, int32_t DV)
+/* Split count of the decode path for an upper bound kv_bound of keys per sequence (window: the mask's window, 0 for
+ * none). Enough blocks to fill one wave of the GPU (wave = resident blocks of the decode kernel per SM x SMs), but
+ * never past one wave (a second, partial wave would cost a whole block time), never below ATT_DEC_MIN_CHUNK keys
+ * per split, and none for short ranges (one block is quicker than splits plus the combine kernel). Monotone in
+ * kv_bound, so that a workspace sized for the capture bound covers every smaller bound. */
+static int att_dec_splits(const berth_backend *be, int64_t kv_bound, int32_t window, int32_t n_seqs,
+                          int32_t n_kv_heads, int64_t T, int64_t H, int32_t DV, int blocks_per_sm)
 {
+    const int64_t kv = window > 0 && window < kv_bound ? window : kv_bound; /* keys one row can see */
+    if (kv <= ATT_DEC_DIRECT_KEYS)
+        return 1;
     const int64_t base = (int64_t)n_seqs * n_kv_heads;
-    const int64_t target = 2 * (int64_t)(be->n_sms > 0 ? be->n_sms : 132);
-    int64_t ns = (target + base - 1) / (base > 0 ? base : 1);
-    const int64_t by_len = (kv_bound + ATT_DEC_MIN_CHUNK - 1) / ATT_DEC_MIN_CHUNK;
+    const int64_t wave = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
+    int64_t ns = base > 0 && base < wave ? wave / base : 1;
+    const int64_t by_len = (kv + ATT_DEC_MIN_CHUNK - 1) / ATT_DEC_MIN_CHUNK;
     ns = ns < by_len ? ns : by_len;
     ns = ns < ATT_DEC_MAX_SPLITS ? ns : ATT_DEC_MAX_SPLITS;
     const int64_t per_split = T * H * ((int64_t)DV + 2) * (int64_t)sizeof(float);
@@ -929,64 +1684,102 @@ static int att_dec_splits(const berth_backend *be, int64_t kv_bound, int32_t n_s
     return ns < 1 ? 1 : (int)ns;
 }
 
+/* A decode kernel instance and its dynamic shared memory. */
+struct att_dec_kernel {
+    void (*fn)(const attn_args);
+    size_t smem;
+};
+
+/* The decode kernel for dtype DT, NR heads per block and head dims up to need (<= CU_MAX_HEAD_DIM). */
 template <int DT, int NR>
-static void att_launch_decode_nr(dim3 grid, cudaStream_t cs, const attn_args &a)
+static att_dec_kernel att_dec_pick_wt(int need)
 {
-    if (a.D <= 256)
-        attn_decode_kernel<DT, NR, 1><<<grid, ATT_DEC_THREADS, 0, cs>>>(a);
-    else
-        attn_decode_kernel<DT, NR, 2><<<grid, ATT_DEC_THREADS, 0, cs>>>(a);
+    constexpr int cover = 32 * att_dec_cfg<DT, NR>::E; /* head dims one warp covers */
+    constexpr size_t smem = att_dec_cfg<DT, NR>::SMEM;
+    if (need <= cover)
+        return {attn_decode_kernel<DT, NR, 1>, smem};
+    if (need <= 2 * cover || NR <= 8) /* E = 8: 2 warps cover 512 */
+        return {attn_decode_kernel<DT, NR, 2>, smem};
+    if constexpr (NR > 8)
+        return {attn_decode_kernel<DT, NR, 4>, smem};
+    return {nullptr, 0};
 }
 
 template <int DT>
-static void att_launch_decode_dt(dim3 grid, cudaStream_t cs, const attn_args &a)
+static att_dec_kernel att_dec_pick_nr(int n_rep, int need)
 {
-    if (a.n_rep <= 1)
-        att_launch_decode_nr<DT, 1>(grid, cs, a);
-    else if (a.n_rep <= 2)
-        att_launch_decode_nr<DT, 2>(grid, cs, a);
-    else if (a.n_rep <= 4)
-        att_launch_decode_nr<DT, 4>(grid, cs, a);
-    else if (a.n_rep <= 8)
-        att_launch_decode_nr<DT, 8>(grid, cs, a);
-    else
-        att_launch_decode_nr<DT, 16>(grid, cs, a);
+    if (n_rep <= 1)
+        return att_dec_pick_wt<DT, 1>(need);
+    if (n_rep <= 2)
+        return att_dec_pick_wt<DT, 2>(need);
+    if (n_rep <= 4)
+        return att_dec_pick_wt<DT, 4>(need);
+    if (n_rep <= 8)
+        return att_dec_pick_wt<DT, 8>(need);
+    return att_dec_pick_wt<DT, 16>(need);
+}
+
+static att_dec_kernel att_dec_pick(int32_t dt, int n_rep, int need)
+{
+    if (dt == BERTH_DTYPE_BF16)
+        return att_dec_pick_nr<BERTH_DTYPE_BF16>(n_rep, need);
+    if (dt == BERTH_DTYPE_F16)
+        return att_dec_pick_nr<BERTH_DTYPE_F16>(n_rep, need);
+    return att_dec_pick_nr<BERTH_DTYPE_F32>(n_rep, need);
+}
+
+/* Floats of part_ml before part_o, rounded to 4 so that part_o's rows stay 16-byte aligned. */
+static size_t att_dec_ml_floats(int64_t T, int64_t H, int ns)
+{
+    return ((size_t)T * (size_t)H * (size_t)ns * 2 + 3) & ~(size_t)3;
 }
 
 static berth_status att_run_decode(berth_backend *be, berth_stream *s, const berth_attention_params *p, attn_args a)
 {
     const berth_kv_view *kv = &p->kv;
+    const att_dec_kernel kern = att_dec_pick(kv->dtype, a.n_rep, a.D > a.DV ? a.D : a.DV);
+    if (!kern.fn)
+        return cu_fail(be->host, BERTH_E_BACKEND, "attention: no decode kernel for head dims %d / %d, %d heads per "
+                       "KV head", a.D, a.DV, a.n_rep);
+    berth_status st = cu_check(be, cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        (int)kern.smem),
+                               "cudaFuncSetAttribute (attn_decode_kernel shared memory)");
+    if (st != BERTH_OK)
+        return st;
+    /* Resident blocks per SM (registers and shared memory decide); a host-side query, no stream work. */
+    int bps = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern.fn, ATT_DEC_THREADS, kern.smem) != cudaSuccess ||
+        bps < 1) {
+        (void)cudaGetLastError(); /* not a launch error: size as if one block fits */
+        bps = 1;
+    }
     const int64_t cap = (int64_t)a.bt_width * kv->block_size;
     /* Launch sizing: from max_kv_len, except during graph capture (then the block table's capacity). The
      * workspace is always sized for the capacity bound so that a capture after an eager step never grows it. */
     int64_t kv_bound = be->capturing ? cap : (p->max_kv_len < cap ? p->max_kv_len : cap);
     kv_bound = kv_bound > 0 ? kv_bound : 0;
-    const int ns = att_dec_splits(be, kv_bound, a.n_seqs, kv->n_kv_heads, a.T, a.n_heads, a.DV);
-    const int ns_ws = att_dec_splits(be, cap, a.n_seqs, kv->n_kv_heads, a.T, a.n_heads, a.DV);
+    const int ns = att_dec_splits(be, kv_bound, a.window, a.n_seqs, kv->n_kv_heads, a.T, a.n_heads, a.DV, bps);
+    const int ns_ws = att_dec_splits(be, cap, a.window, a.n_seqs, kv->n_kv_heads, a.T, a.n_heads, a.DV, bps);
     a.ns = ns;
     a.direct = ns == 1;
     if (ns_ws > 1) {
-        const size_t n_ml = (size_t)a.T * (size_t)a.n_heads * (size_t)ns_ws * 2;
+        const size_t n_ml = att_dec_ml_floats(a.T, a.n_heads, ns_ws);
         const size_t n_o = (size_t)a.T * (size_t)a.n_heads * (size_t)ns_ws * (size_t)a.DV;
         void *ws = nullptr;
-        berth_status st = cu_stream_ws(be, s, (n_ml + n_o) * sizeof(float), &ws);
-        if (st != BERTH_OK)
+        if ((st = cu_stream_ws(be, s, (n_ml + n_o) * sizeof(float), &ws)) != BERTH_OK)
             return st;
         a.part_ml = (float *)ws;
-        a.part_o = (float *)ws + (size_t)a.T * (size_t)a.n_heads * (size_t)ns * 2;
+        a.part_o = (float *)ws + att_dec_ml_floats(a.T, a.n_heads, ns);
     }
     const dim3 grid((unsigned)a.n_seqs, (unsigned)kv->n_kv_heads, (unsigned)ns);
-    if (kv->dtype == BERTH_DTYPE_BF16)
-        att_launch_decode_dt<BERTH_DTYPE_BF16>(grid, s->cs, a);
-    else if (kv->dtype == BERTH_DTYPE_F16)
-        att_launch_decode_dt<BERTH_DTYPE_F16>(grid, s->cs, a);
-    else
-        att_launch_decode_dt<BERTH_DTYPE_F32>(grid, s->cs, a);
-    berth_status st = cu_check_launch(be, "attn_decode_kernel");
+    st = cu_check(be, cu_launch(be, s->cs, grid, dim3(ATT_DEC_THREADS), kern.smem, kern.fn, a), "attn_decode_kernel");
     if (st != BERTH_OK || a.direct)
         return st;
-    attn_combine_kernel<<<(unsigned)((int64_t)a.T * a.n_heads), ATT_COMBINE_THREADS, 0, s->cs>>>(a);
-    return cu_check_launch(be, "attn_combine_kernel");
+    /* With PDL the combine blocks may be scheduled while the decode grid's last blocks run; cu_pdl_wait inside
+     * holds them until the partials are complete and visible. */
+    const dim3 cgrid((unsigned)((int64_t)a.T * a.n_heads), (unsigned)((a.DV + ATT_CMB_COLS - 1) / ATT_CMB_COLS));
+    return cu_check(be, cu_launch(be, s->cs, cgrid, dim3(ATT_CMB_THREADS), 0, attn_combine_kernel, a),
+                    "attn_combine_kernel");
 }
 
 template <int DP, int BN, int MINB>
@@ -1001,6 +1794,46 @@ static berth_status att_launch_prefill(berth_backend *be, berth_stream *s, const
         return st;
     attn_prefill_kernel<DP, BN, MINB><<<n_tiles * (unsigned)a.n_heads, ATT_PF_THREADS, smem, s->cs>>>(a);
     return cu_check_launch(be, "attn_prefill_kernel");
+}
+
+/* Tensor-core prefill configs per padded head dim: (DP, warps per row group, min blocks per SM). */
+#define ATT_MMA_CONFIGS(X) X(64, 1, 2) X(128, 1, 2) X(256, 1, 2) X(512, 2, 1)
+
+static size_t att_mma_smem(int dp)
+{
+    switch (dp) {
+#define X(dp_, wd, minb)                                                                                           \
+    case dp_:                                                                                                      \
+        return att_mma_cfg<dp_, wd>::smem_bytes;
+        ATT_MMA_CONFIGS(X)
+#undef X
+    }
+    return SIZE_MAX;
+}
+
+/* The tensor-core kernel serves this call: BF16 compute mode, a bf16/f16 cache (the MMA's input type, so K and V
+ * are used as stored), head dims that are whole k-steps / column tiles (multiples of 16), 16-byte aligned K/V
+ * rows (cp.async), and shared memory for it. Everything else (FP32 parity mode included) takes the SIMT kernel. */
+static bool att_mma_ok(const berth_backend *be, const attn_args &a)
+{
+    return be->compute == CU_COMPUTE_BF16 && (a.kv_dt == BERTH_DTYPE_BF16 || a.kv_dt == BERTH_DTYPE_F16) &&
+           a.D > 0 && a.DV > 0 && a.D % 16 == 0 && a.DV % 16 == 0 && a.vec &&
+           att_mma_smem(att_dp(a.D, a.DV)) + ATT_PF_STATIC_SMEM <= be->smem_optin;
+}
+
+template <int DP, int WD, int MINB, bool F16>
+static berth_status att_launch_prefill_mma(berth_backend *be, berth_stream *s, const attn_args &a, unsigned n_tiles)
+{
+    using C = att_mma_cfg<DP, WD>;
+    berth_status st = cu_check(be,
+                               cudaFuncSetAttribute(attn_prefill_mma_kernel<DP, WD, F16, MINB>,
+                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)C::smem_bytes),
+                               "cudaFuncSetAttribute (attn_prefill_mma_kernel shared memory)");
+    if (st != BERTH_OK)
+        return st;
+    attn_prefill_mma_kernel<DP, WD, F16, MINB>
+        <<<n_tiles * (unsigned)a.n_heads, C::THREADS, C::smem_bytes, s->cs>>>(a);
+    return cu_check_launch(be, "attn_prefill_mma_kernel");
 }
 
 static berth_status att_run_prefill(berth_backend *be, berth_stream *s, attn_args a)
@@ -1018,6 +1851,17 @@ static berth_status att_run_prefill(berth_backend *be, berth_stream *s, attn_arg
     attn_plan_kernel<<<1, ATT_PLAN_THREADS, 0, s->cs>>>(a.seq_q_start, a.n_seqs, a.T, (int32_t *)ws);
     if ((st = cu_check_launch(be, "attn_plan_kernel")) != BERTH_OK)
         return st;
+    if (att_mma_ok(be, a)) {
+        const bool f16 = a.kv_dt == BERTH_DTYPE_F16;
+        switch (att_dp(a.D, a.DV)) {
+#define X(dp, wd, minb)                                                                                            \
+    case dp:                                                                                                       \
+        return f16 ? att_launch_prefill_mma<dp, wd, minb, true>(be, s, a, (unsigned)tiles)                        \
+                   : att_launch_prefill_mma<dp, wd, minb, false>(be, s, a, (unsigned)tiles);
+            ATT_MMA_CONFIGS(X)
+#undef X
+        }
+    }
     switch (att_dp(a.D, a.DV)) {
 #define X(dp, bn, minb)                                                                                            \
     case dp:                                                                                                       \

@@ -91,7 +91,12 @@ struct berth_backend {
     size_t smem_optin;          /* most dynamic shared memory a block may opt in to */
     int capturing;              /* a graph capture is in progress on some stream (see the top comment) */
     struct opck_backend ck;     /* what the shared checks need to know about this backend */
+    int pdl;                    /* programmatic dependent launch for cu_launch (cuda_launch.cuh): 0 not decided
+                                 * yet, CU_PDL_OFF or CU_PDL_ON (env BERTH_CUDA_PDL=0 turns it off) */
 };
+
+#define CU_PDL_OFF 1
+#define CU_PDL_ON 2
 
 /* ---- errors (cuda_backend.cu) ---- */
 berth_status cu_fail(const berth_host *host, berth_status code, const char *fmt, ...)

@@ -7,9 +7,12 @@
  * and the kernels loop, so any row count or row length works. Each thread owns whole elements: reading x[i] and
  * writing y[i] in one thread is what makes y aliasing an input (unary, glu, binary, copy allow it) safe.
  * Activations are the formulas of berth/backend.h through cu_act (precise libm functions, no fast-math).
+ * Launches go through cu_launch (cuda_launch.cuh): each kernel triggers its successor first, then waits for its
+ * predecessor before touching memory.
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
+#include "cuda_launch.cuh"
 
 /* Rows of a tensor (flattened over ne[1..3], ne[1] fastest), each row element-contiguous. */
 struct ew_rows {
@@ -69,6 +72,8 @@ static ew_launch ew_shape(int64_t ne0, int64_t rows)
 __global__ void ew_get_rows_kernel(const char *table, int64_t tnb1, int tdt, int64_t D, int64_t N,
                                    const int32_t *ids, int64_t T, const ew_rows y, float scale)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     EW_FOR_ROWS(t, T) {
         const int32_t id = ids[t];
         const bool ok = id >= 0 && (int64_t)id < N;
@@ -91,10 +96,11 @@ berth_status cu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get_
     if (D == 0 || T == 0)
         return BERTH_OK;
     const ew_launch l = ew_shape(D, T);
-    ew_get_rows_kernel<<<l.grid, l.block, 0, s->cs>>>(cu_ptr(&p->table), p->table.nb[1], p->table.dtype, D,
-                                                      p->table.ne[1], (const int32_t *)cu_ptr(&p->ids), T,
-                                                      ew_rows_of(&p->y), p->scale);
-    return cu_check_launch(be, "get_rows kernel");
+    const char *table = cu_ptr(&p->table);
+    const cudaError_t e = cu_launch(be, s->cs, l.grid, l.block, 0, ew_get_rows_kernel, table, p->table.nb[1],
+                                    (int)p->table.dtype, D, p->table.ne[1], (const int32_t *)cu_ptr(&p->ids), T,
+                                    ew_rows_of(&p->y), p->scale);
+    return cu_check(be, e, "get_rows kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -104,6 +110,8 @@ template <int ACT>
 __global__ void ew_unary_kernel(const ew_rows x, const ew_rows y, int64_t n, int64_t rows, float in_scale,
                                 float out_scale)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
         const float *xr = (const float *)ew_row(x, r);
         float *yr = (float *)ew_row(y, r);
@@ -143,10 +151,11 @@ berth_status cu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_p
     const ew_launch l = ew_shape(n, rows);
     const ew_rows x = ew_rows_of(&p->x), y = ew_rows_of(&p->y);
     const cudaStream_t cs = s->cs;
+    cudaError_t e = cudaSuccess;
     ew_with_act(p->act, [&]<int ACT>() {
-        ew_unary_kernel<ACT><<<l.grid, l.block, 0, cs>>>(x, y, n, rows, p->in_scale, p->out_scale);
+        e = cu_launch(be, cs, l.grid, l.block, 0, ew_unary_kernel<ACT>, x, y, n, rows, p->in_scale, p->out_scale);
     });
-    return cu_check_launch(be, "unary kernel");
+    return cu_check(be, e, "unary kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -155,6 +164,8 @@ berth_status cu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_p
 template <int ACT>
 __global__ void ew_glu_kernel(const ew_rows gate, const ew_rows up, const ew_rows y, int64_t n, int64_t rows)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
         const float *gr = (const float *)ew_row(gate, r);
         const float *ur = (const float *)ew_row(up, r);
@@ -178,8 +189,10 @@ berth_status cu_op_glu(berth_backend *be, berth_stream *s, const berth_glu_param
     const ew_launch l = ew_shape(n, rows);
     const ew_rows g = ew_rows_of(&p->gate), u = ew_rows_of(&p->up), y = ew_rows_of(&p->y);
     const cudaStream_t cs = s->cs;
-    ew_with_act(p->act, [&]<int ACT>() { ew_glu_kernel<ACT><<<l.grid, l.block, 0, cs>>>(g, u, y, n, rows); });
-    return cu_check_launch(be, "glu kernel");
+    cudaError_t e = cudaSuccess;
+    ew_with_act(p->act,
+                [&]<int ACT>() { e = cu_launch(be, cs, l.grid, l.block, 0, ew_glu_kernel<ACT>, g, u, y, n, rows); });
+    return cu_check(be, e, "glu kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -194,6 +207,8 @@ template <int OP>
 __global__ void ew_binary_kernel(const ew_rows a, const ew_bcast b, int bdt, const ew_rows y, int64_t n,
                                  int64_t rows, float scale)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
         const int64_t i1 = r % a.ne1, i2 = r / a.ne1 % a.ne2, i3 = r / a.ne1 / a.ne2;
         const char *br = b.base + i1 * b.nb1 + i2 * b.nb2 + i3 * b.nb3;
@@ -226,13 +241,14 @@ berth_status cu_op_binary(berth_backend *be, berth_stream *s, const berth_binary
     b.nb2 = p->b.ne[2] == 1 ? 0 : p->b.nb[2];
     b.nb3 = p->b.ne[3] == 1 ? 0 : p->b.nb[3];
     const ew_launch l = ew_shape(n, rows);
-    if (p->op == BERTH_BINARY_MUL)
-        ew_binary_kernel<BERTH_BINARY_MUL><<<l.grid, l.block, 0, s->cs>>>(ew_rows_of(&p->a), b, p->b.dtype,
-                                                                          ew_rows_of(&p->y), n, rows, p->scale);
-    else
-        ew_binary_kernel<BERTH_BINARY_ADD><<<l.grid, l.block, 0, s->cs>>>(ew_rows_of(&p->a), b, p->b.dtype,
-                                                                          ew_rows_of(&p->y), n, rows, p->scale);
-    return cu_check_launch(be, "binary kernel");
+    const ew_rows ar = ew_rows_of(&p->a), yr = ew_rows_of(&p->y);
+    const int bdt = p->b.dtype;
+    const float sc = p->scale;
+    const cudaError_t e =
+        p->op == BERTH_BINARY_MUL
+            ? cu_launch(be, s->cs, l.grid, l.block, 0, ew_binary_kernel<BERTH_BINARY_MUL>, ar, b, bdt, yr, n, rows, sc)
+            : cu_launch(be, s->cs, l.grid, l.block, 0, ew_binary_kernel<BERTH_BINARY_ADD>, ar, b, bdt, yr, n, rows, sc);
+    return cu_check(be, e, "binary kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -240,6 +256,8 @@ berth_status cu_op_binary(berth_backend *be, berth_stream *s, const berth_binary
 
 __global__ void ew_copy_kernel(const ew_rows x, int xdt, const ew_rows y, int ydt, int64_t n, int64_t rows)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
         const char *xr = ew_row(x, r);
         char *yr = ew_row(y, r);
@@ -260,7 +278,7 @@ berth_status cu_op_copy(berth_backend *be, berth_stream *s, const berth_copy_par
     if (n == 0 || rows == 0)
         return BERTH_OK;
     const ew_launch l = ew_shape(n, rows);
-    ew_copy_kernel<<<l.grid, l.block, 0, s->cs>>>(ew_rows_of(&p->x), p->x.dtype, ew_rows_of(&p->y), p->y.dtype, n,
-                                                  rows);
-    return cu_check_launch(be, "copy kernel");
+    const cudaError_t e = cu_launch(be, s->cs, l.grid, l.block, 0, ew_copy_kernel, ew_rows_of(&p->x),
+                                    (int)p->x.dtype, ew_rows_of(&p->y), (int)p->y.dtype, n, rows);
+    return cu_check(be, e, "copy kernel");
 }

@@ -5,7 +5,10 @@
  *
  * One block per (token, KV head), 128 threads: each thread keeps up to CU_MAX_HEAD_DIM / 128 elements of the
  * head vector in registers; the RMS sum is a block reduction; RoPE pairs cross threads, so the normalised vector
- * goes through shared memory once before the rotation.
+ * goes through shared memory once before the rotation. At decode this is one block doing a chain of dependent
+ * steps, so it is latency: K and V are loaded together before either is processed, and the norm weights (no
+ * kernel writes a BERTH_USAGE_WEIGHTS buffer) are loaded before waiting for the previous kernel (cu_launch,
+ * cuda_launch.cuh: programmatic dependent launch).
  *
  * Slots are data on the device, so the host cannot validate them without a synchronisation: a negative slot
  * skips its token (the contract), and a slot beyond the pool (n_blocks * block_size) also skips it, so a bad
@@ -14,6 +17,7 @@
  */
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 
 #include <inttypes.h>
 
@@ -30,6 +34,7 @@ struct kva_args {
     const float *freqs;         /* ne {n_pairs} (RoPE only) */
     const char *k_w, *v_w;      /* norm weights (W / W_ONE_PLUS modes only) */
     int32_t k_w_dt, v_w_dt;
+    int32_t w_early;            /* the norm weights may be read before cu_pdl_wait (weights buffers) */
     int32_t k_mode, v_mode;
     float eps;
     int32_t rope_mode, rope_off, n_pairs;
@@ -39,9 +44,9 @@ struct kva_args {
 };
 
 /* In place over the thread's elements x[e] = element tid + e * KVA_THREADS (< n): the norm of `mode`
- * (never called for W_NONE). Formula and order as cpu_rms_norm_row: x * inv (* w or * (1 + w)). */
-__device__ __forceinline__ void kva_norm(float *x, int n, int mode, float eps, const char *w, int w_dt,
-                                         float *red)
+ * (never called for W_NONE); w[e]: the thread's weights (W / W_ONE_PLUS). Formula and order as
+ * cpu_rms_norm_row: x * inv (* w or * (1 + w)). */
+__device__ __forceinline__ void kva_norm(float *x, int n, int mode, float eps, const float *w, float *red)
 {
     float ss = 0.0f;
 #pragma unroll
@@ -58,11 +63,22 @@ __device__ __forceinline__ void kva_norm(float *x, int n, int mode, float eps, c
         if (i >= n)
             continue;
         if (mode == BERTH_NORM_W)
-            x[e] = x[e] * inv * cu_ld(w, w_dt, i);
+            x[e] = x[e] * inv * w[e];
         else if (mode == BERTH_NORM_W_ONE_PLUS)
-            x[e] = x[e] * inv * (1.0f + cu_ld(w, w_dt, i));
+            x[e] = x[e] * inv * (1.0f + w[e]);
         else
             x[e] = x[e] * inv;
+    }
+}
+
+/* The thread's elements of a norm weight of n elements (only read in the weighted modes). */
+__device__ __forceinline__ void kva_ld_weights(float *w, int n, int mode, const char *src, int dt)
+{
+    const bool weighted = mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        w[e] = weighted && i < n ? cu_ld(src, dt, i) : 0.0f;
     }
 }
 
@@ -110,23 +126,38 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
 {
     __shared__ float buf[CU_MAX_HEAD_DIM];
     __shared__ float red[32];
+    cu_pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
+    float kw[KVA_EPT], vw[KVA_EPT];
+    if (a.w_early) {
+        kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
+        kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
+    }
+    cu_pdl_wait();
+    if (!a.w_early) {
+        kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
+        kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
+    }
     const int32_t slot = a.slots[t];
     if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
         return; /* the whole block leaves together: no barrier is skipped by part of it */
     const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
-    float x[KVA_EPT];
 
-    /* K: norm, RoPE, store */
+    /* K and V loaded together (both loads in flight at once) */
+    float x[KVA_EPT], xv[KVA_EPT];
     const char *ks = a.k + t * a.k_nb2 + h * a.k_nb1;
+    const char *vs = a.v + t * a.v_nb2 + h * a.v_nb1;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
         x[e] = i < a.D ? cu_ld(ks, a.k_dt, i) : 0.0f;
+        xv[e] = i < a.DV ? cu_ld(vs, a.v_dt, i) : 0.0f;
     }
+
+    /* K: norm, RoPE, store */
     if (a.k_mode != BERTH_NORM_W_NONE)
-        kva_norm(x, a.D, a.k_mode, a.eps, a.k_w, a.k_w_dt, red);
+        kva_norm(x, a.D, a.k_mode, a.eps, kw, red);
     if (a.n_pairs > 0)
         kva_rope(x, a.D, a, (float)a.positions[t], buf);
     char *kd = a.k_dst + blk * a.block_stride + off * a.token_stride + (uint64_t)h * a.head_stride;
@@ -138,20 +169,14 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     }
 
     /* V: norm, store (never rotated) */
-    const char *vs = a.v + t * a.v_nb2 + h * a.v_nb1;
-#pragma unroll
-    for (int e = 0; e < KVA_EPT; e++) {
-        const int i = threadIdx.x + e * KVA_THREADS;
-        x[e] = i < a.DV ? cu_ld(vs, a.v_dt, i) : 0.0f;
-    }
     if (a.v_mode != BERTH_NORM_W_NONE)
-        kva_norm(x, a.DV, a.v_mode, a.eps, a.v_w, a.v_w_dt, red);
+        kva_norm(xv, a.DV, a.v_mode, a.eps, vw, red);
     char *vd = a.v_dst + blk * a.block_stride + off * a.v_token_stride + (uint64_t)h * a.v_head_stride;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
         if (i < a.DV)
-            cu_st(vd, a.dt, i, x[e]);
+            cu_st(vd, a.dt, i, xv[e]);
     }
 }
 
@@ -201,6 +226,8 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.v_w = vw ? cu_ptr(&p->v_norm) : nullptr;
     a.k_w_dt = kw ? p->k_norm.dtype : BERTH_DTYPE_F32;
     a.v_w_dt = vw ? p->v_norm.dtype : BERTH_DTYPE_F32;
+    a.w_early = (!kw || p->k_norm.buf->usage == BERTH_USAGE_WEIGHTS) &&
+                (!vw || p->v_norm.buf->usage == BERTH_USAGE_WEIGHTS);
     a.k_mode = p->k_norm_mode;
     a.v_mode = p->v_norm_mode;
     a.eps = p->eps;
@@ -219,6 +246,7 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.n_blocks = kv->n_blocks;
     a.D = kv->head_dim;
     a.DV = kv->head_dim_v;
-    kv_append_kernel<<<dim3((unsigned)T, (unsigned)kv->n_kv_heads), KVA_THREADS, 0, s->cs>>>(a);
-    return cu_check_launch(be, "kv_append_kernel");
+    const cudaError_t e =
+        cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads), dim3(KVA_THREADS), 0, kv_append_kernel, a);
+    return cu_check(be, e, "kv_append_kernel");
 }

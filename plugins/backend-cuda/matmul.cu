@@ -8,7 +8,7 @@
  *    threads owns R consecutive rows of w and strides over K in 16-byte chunks (two chunks per step, so 2*R loads
  *    are outstanding per thread); the team size is picked so that up to n_sms * 1024 threads run, which gives
  *    short-and-wide matrices (N = 262144) a warp per row pair and tall-and-narrow ones (K = 12288, N = 1536) 128
- *    threads per row pair, all resident in one wave. Weights are streamed with ld.global.nc.L1::no_allocate so
+ *    threads per row pair, all resident in one wave. Weights are streamed with ld.global.L1::no_allocate so
  *    they do not evict x, which every team re-reads through L1 (M*K floats: 48 KiB at K = 12288, M = 1).
  *    bf16/f16 are widened in registers (a shift or cvt), never converted up front. Rows of w that are not 16-byte
  *    aligned (odd K, K not a multiple of 16 bytes, odd offsets) take the same kernel with scalar loads; x rows
@@ -26,9 +26,20 @@
  *    workspace; y rows that one stride cannot walk get a workspace result that an epilogue scatters.
  *  - Bias: folded into the GEMV's store; before a cuBLAS GEMM a small kernel sets y = (accumulate ? y : 0) + bias
  *    and the GEMM runs with beta = 1.
+ *  - Launches go through cu_launch (cuda_launch.cuh, programmatic dependent launch). At decode most GEMVs are
+ *    small enough that one round of weight loads is the whole kernel, so their time is latency: the launch, one
+ *    DRAM round trip, the reduction. The GEMV therefore issues its first step of weight loads before it waits for
+ *    the previous kernel (while that kernel still runs) when w lives in a BERTH_USAGE_WEIGHTS buffer, which no
+ *    kernel writes; x, y and bias are touched only after the wait.
+ *  - No split-K: at the Gemma 4 decode shapes the team-size rule below already has every (row, 16-byte chunk)
+ *    load of the small matrices in flight at once (N = 256..512, K = 1536: 256-thread teams, one chunk per thread
+ *    per row), and the tall ones (K = 6144..12288, N = 1536) fill the GPU in one wave with 4 loads per thread in
+ *    flight; more blocks would only add a second wave and a reduction pass. x is read through L1 (6 KiB at K =
+ *    1536), not staged in shared memory: staging costs a barrier after the wait, on the critical path.
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
+#include "cuda_launch.cuh"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -94,15 +105,19 @@ struct mm_gemv_args {
     int32_t M;                     /* rows present, <= the kernel's MB */
     int32_t accumulate;
     int32_t tpr_log2;              /* threads per row team = 1 << tpr_log2, 32..MM_THREADS */
+    int32_t early;                 /* w may be read before cu_pdl_wait (a weights buffer: no kernel writes it) */
 };
 
-/* 16 bytes of weights, streamed: read-only for the kernel's lifetime, not kept in L1 (x lives there). */
+/* 16 bytes of weights, streamed: not kept in L1 (x lives there). A coherent load, not ld.global.nc: with
+ * programmatic dependent launch this grid can be running while the previous kernel still writes, and .nc only
+ * allows data that is read-only for the grid's whole lifetime. volatile: the asm names no memory operand, so
+ * without it the compiler could move the load across cu_pdl_wait(). */
 static __device__ __forceinline__ uint4 mm_ld_stream16(const void *p)
 {
     uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
     return v;
 }
 
@@ -126,10 +141,10 @@ template <int WDT>
 static __device__ __forceinline__ float mm_ld_w1(const char *row, int64_t k)
 {
     if (WDT == BERTH_DTYPE_BF16)
-        return __uint_as_float((uint32_t)__ldg((const unsigned short *)row + k) << 16);
+        return __uint_as_float((uint32_t)((const unsigned short *)row)[k] << 16);
     if (WDT == BERTH_DTYPE_F16)
-        return __half2float(__ushort_as_half(__ldg((const unsigned short *)row + k)));
-    return __ldg((const float *)row + k);
+        return __half2float(__ushort_as_half(((const unsigned short *)row)[k]));
+    return ((const float *)row)[k];
 }
 
 /* A chunk of one weight row: 16 bytes (VEC) or one element. */
@@ -164,12 +179,12 @@ template <int E>
 static __device__ __forceinline__ void mm_ld_x(const float *xr, int64_t c, float *xv)
 {
     if (E == 1) {
-        xv[0] = __ldg(xr + c);
+        xv[0] = xr[c];
     } else {
         const float4 *p = reinterpret_cast<const float4 *>(xr + c * E);
 #pragma unroll
         for (int q = 0; q < E / 4; q++) {
-            const float4 v = __ldg(p + q);
+            const float4 v = p[q];
             xv[4 * q + 0] = v.x;
             xv[4 * q + 1] = v.y;
             xv[4 * q + 2] = v.z;
@@ -219,10 +234,27 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
     yr[n] = v;
 }
 
+/* One step's chunks of this thread: chunk c of each row into c0, chunk c + tpr into c1 (PAIR only), each only
+ * where it exists (c < nch). */
+template <int WDT, int R, bool VEC, bool PAIR>
+static __device__ __forceinline__ void mm_step_loads(mm_chunk<WDT, VEC> (&c0)[R], mm_chunk<WDT, VEC> (&c1)[R],
+                                                      const char *const (&wr)[R], int64_t c, int tpr, int64_t nch)
+{
+    if (c < nch)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            c0[r].load(wr[r], c);
+    if (PAIR && c + tpr < nch)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            c1[r].load(wr[r], c + tpr);
+}
+
 template <int WDT, int MB, int R, bool VEC>
 __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(const mm_gemv_args a)
 {
     __shared__ float red[MM_THREADS / 32][MB * R];
+    cu_pdl_trigger();
     const int tpr = 1 << a.tpr_log2;
     const int team = (int)threadIdx.x >> a.tpr_log2;
     const int t = (int)threadIdx.x & (tpr - 1);
@@ -246,37 +278,34 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(
             acc[m][r] = 0.0f;
 
     /* Two chunks per step (2*R loads in flight), except at MB = 8 where the second chunk's registers would spill:
-     * there R = 4 loads per step are in flight. */
+     * there R = 4 loads per step are in flight. The first step's loads are issued before the wait for the previous
+     * kernel when w is a weights buffer (a.early), else right after it. */
     constexpr bool PAIR = MB * R <= 16;
-    if (active) {
-        int64_t c = t;
-        if constexpr (PAIR) {
-            for (; c + tpr < a.nch; c += 2 * tpr) {
-                mm_chunk<WDT, VEC> c0[R], c1[R];
-#pragma unroll
-                for (int r = 0; r < R; r++) {
-                    c0[r].load(wr[r], c);
-                    c1[r].load(wr[r], c + tpr);
-                }
-                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
-                mm_fma_chunk<WDT, MB, R, VEC>(acc, c1, xr, c + tpr);
-            }
-            if (c < a.nch) { /* the odd last chunk */
-                mm_chunk<WDT, VEC> c0[R];
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    c0[r].load(wr[r], c);
-                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
-            }
-        } else {
+    int64_t c = t;
+    const int64_t nch = active ? a.nch : 0; /* an inactive team loads and computes nothing */
+    mm_chunk<WDT, VEC> c0[R], c1[R];       /* the step's chunks: c0 at chunk c, c1 at c + tpr */
+    if (a.early)
+        mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
+    cu_pdl_wait();
+    if (!a.early)
+        mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
+
+    /* Each step computes the chunks loaded for it, then loads the next step's (where they exist). */
+    if constexpr (PAIR) {
+        while (c + tpr < nch) {
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c1, xr, c + tpr);
+            c += 2 * tpr;
+            mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
+        }
+        if (c < nch) /* the odd last chunk */
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+    } else {
 #pragma unroll 1
-            for (; c < a.nch; c += tpr) {
-                mm_chunk<WDT, VEC> c0[R];
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    c0[r].load(wr[r], c);
-                mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
-            }
+        while (c < nch) {
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            c += tpr;
+            mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
         }
     }
 
@@ -315,23 +344,24 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(
 }
 
 template <int WDT, int MB>
-static void mm_gemv_launch_mb(bool vec, unsigned blocks, cudaStream_t cs, const mm_gemv_args &a)
+static cudaError_t mm_gemv_launch_mb(berth_backend *be, bool vec, unsigned blocks, cudaStream_t cs,
+                                     const mm_gemv_args &a)
 {
     constexpr int R = MB <= 2 ? 2 : 4; /* more rows per team for larger M: each x load feeds R rows */
     if (vec)
-        mm_gemv_kernel<WDT, MB, R, true><<<blocks, MM_THREADS, 0, cs>>>(a);
-    else
-        mm_gemv_kernel<WDT, MB, R, false><<<blocks, MM_THREADS, 0, cs>>>(a);
+        return cu_launch(be, cs, dim3(blocks), dim3(MM_THREADS), 0, mm_gemv_kernel<WDT, MB, R, true>, a);
+    return cu_launch(be, cs, dim3(blocks), dim3(MM_THREADS), 0, mm_gemv_kernel<WDT, MB, R, false>, a);
 }
 
 template <int WDT>
-static void mm_gemv_launch_w(int mb, bool vec, unsigned blocks, cudaStream_t cs, const mm_gemv_args &a)
+static cudaError_t mm_gemv_launch_w(berth_backend *be, int mb, bool vec, unsigned blocks, cudaStream_t cs,
+                                    const mm_gemv_args &a)
 {
     switch (mb) {
-    case 1: mm_gemv_launch_mb<WDT, 1>(vec, blocks, cs, a); break;
-    case 2: mm_gemv_launch_mb<WDT, 2>(vec, blocks, cs, a); break;
-    case 4: mm_gemv_launch_mb<WDT, 4>(vec, blocks, cs, a); break;
-    default: mm_gemv_launch_mb<WDT, 8>(vec, blocks, cs, a); break;
+    case 1: return mm_gemv_launch_mb<WDT, 1>(be, vec, blocks, cs, a);
+    case 2: return mm_gemv_launch_mb<WDT, 2>(be, vec, blocks, cs, a);
+    case 4: return mm_gemv_launch_mb<WDT, 4>(be, vec, blocks, cs, a);
+    default: return mm_gemv_launch_mb<WDT, 8>(be, vec, blocks, cs, a);
     }
 }
 
@@ -341,6 +371,8 @@ static void mm_gemv_launch_w(int mb, bool vec, unsigned blocks, cudaStream_t cs,
 /* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). */
 __global__ void mm_pack_x_kernel(const mm_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
         const float *xr = (const float *)(x.base + mm_row_off(x, m));
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x)
@@ -352,6 +384,8 @@ __global__ void mm_pack_x_kernel(const mm_rows x, int64_t M, int64_t K, void *ou
 __global__ void mm_epilogue_kernel(const mm_rows y, int64_t M, int64_t N, const float *tmp, int64_t ldt,
                                    const void *bias, int bias_dt, int accumulate)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
         float *yr = (float *)(y.base + mm_row_off(y, m));
         for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
@@ -368,6 +402,8 @@ __global__ void mm_epilogue_kernel(const mm_rows y, int64_t M, int64_t N, const 
 /* out[i] = w element (i / K, i % K) widened to f32, for rows*K elements (w rows ldw bytes apart). */
 __global__ void mm_widen_w_kernel(const char *w, int64_t ldw, int dt, int64_t rows, int64_t K, float *out)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const int64_t total = rows * K;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x)
         out[i] = cu_ld(w + (i / K) * ldw, dt, i % K);
@@ -387,8 +423,9 @@ static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_te
 {
     dim3 grid;
     mm_grid2(K, M, &grid);
-    mm_pack_x_kernel<<<grid, 256, 0, s->cs>>>(mm_rows_of(x), M, K, out, ldo, out_dt);
-    return cu_check_launch(be, "matmul: pack_x kernel");
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, mm_rows_of(x), M, K, out, ldo,
+                                    out_dt);
+    return cu_check(be, e, "matmul: pack_x kernel");
 }
 
 static berth_status mm_epilogue(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M,
@@ -396,10 +433,10 @@ static berth_status mm_epilogue(berth_backend *be, berth_stream *s, const berth_
 {
     dim3 grid;
     mm_grid2(N, M, &grid);
-    mm_epilogue_kernel<<<grid, 256, 0, s->cs>>>(mm_rows_of(&p->y), M, N, tmp, ldt,
-                                                p->bias.buf ? cu_ptr(&p->bias) : NULL, p->bias.dtype,
-                                                p->accumulate);
-    return cu_check_launch(be, "matmul: epilogue kernel");
+    const void *bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_epilogue_kernel, mm_rows_of(&p->y), M, N, tmp,
+                                    ldt, bias, (int)p->bias.dtype, (int)p->accumulate);
+    return cu_check(be, e, "matmul: epilogue kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -436,6 +473,7 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     a.accumulate = p->accumulate;
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
     a.bias_dt = p->bias.dtype;
+    a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
@@ -484,12 +522,13 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     const int64_t teams = MM_THREADS >> lg;
     const unsigned blocks = (unsigned)((groups + teams - 1) / teams);
 
+    cudaError_t e;
     switch (wdt) {
-    case BERTH_DTYPE_BF16: mm_gemv_launch_w<BERTH_DTYPE_BF16>(mb, vec, blocks, s->cs, a); break;
-    case BERTH_DTYPE_F16: mm_gemv_launch_w<BERTH_DTYPE_F16>(mb, vec, blocks, s->cs, a); break;
-    default: mm_gemv_launch_w<BERTH_DTYPE_F32>(mb, vec, blocks, s->cs, a); break;
+    case BERTH_DTYPE_BF16: e = mm_gemv_launch_w<BERTH_DTYPE_BF16>(be, mb, vec, blocks, s->cs, a); break;
+    case BERTH_DTYPE_F16: e = mm_gemv_launch_w<BERTH_DTYPE_F16>(be, mb, vec, blocks, s->cs, a); break;
+    default: e = mm_gemv_launch_w<BERTH_DTYPE_F32>(be, mb, vec, blocks, s->cs, a); break;
     }
-    return cu_check_launch(be, "matmul: gemv kernel");
+    return cu_check(be, e, "matmul: gemv kernel");
 }
 
 /* The one byte stride that walks all rows of t in order, if there is one (a single row: 0). */
@@ -613,9 +652,10 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
             const int64_t total = nr * K;
             int64_t blocks = (total + 255) / 256;
             blocks = blocks > 65535 * 16 ? 65535 * 16 : blocks;
-            mm_widen_w_kernel<<<(unsigned)blocks, 256, 0, s->cs>>>(cu_ptr(&p->w) + n0 * ldw * wes, ldw * wes, wdt,
-                                                                   nr, K, wf);
-            if ((st = cu_check_launch(be, "matmul: widen_w kernel")) != BERTH_OK)
+            const char *w0 = cu_ptr(&p->w) + n0 * ldw * wes;
+            const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(256), 0, mm_widen_w_kernel, w0,
+                                            ldw * wes, wdt, nr, K, wf);
+            if ((st = cu_check(be, e, "matmul: widen_w kernel")) != BERTH_OK)
                 return st;
             st = cu_cublas_check(be,
                                  cublasGemmEx(be->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)M, (int)K, &alpha,

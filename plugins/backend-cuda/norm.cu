@@ -2,18 +2,31 @@
  * norm.cu — normalisations over ne[0] of each row, fp32: rms_norm and layer_norm (weight and residual modes of
  * berth/backend.h) and gated_rms_norm (Qwen3.5 GDN output norm).
  *
- * A row is handled by a team: one warp for rows of up to NM_WARP_MAX elements (8 rows per 256-thread block, no
- * shared memory, no barriers), else one block of 64..1024 threads (about 8 elements per thread at most sizes, so
- * a 16k-element row still has only 16 per thread). The sums are fp32 tree reductions; each pass re-reads the row
- * (L1/L2 hits) rather than keeping it in registers, so any row length works.
+ * rms_norm, the fast path (rows of n % 4 == 0 floats up to NM_VEC_MAX, 16-byte aligned rows, weight aligned to
+ * its 4-element vector): a decode step runs ~270 of these on one row of 1536 or a few heads of 256/512, so each
+ * call is pure latency. The row is read once, in 16-byte loads, into registers (V float4 per thread): x and the
+ * residual are all loaded before anything is stored (a store may alias a later load, which would serialise them),
+ * then one reduction, then the stores. The weight is the same for every row, so each thread loads its part once,
+ * vectorised, before its first row; with programmatic dependent launch it does so before waiting for the previous
+ * kernel when the weight lives in a BERTH_USAGE_WEIGHTS buffer (nothing writes weights). A row of up to 512
+ * elements takes a warp (no shared memory, no barrier; up to 8 rows per block), a longer one a block of up to
+ * 1024 threads, 8 elements per thread (1536: 192 threads).
+ * Other rows (odd lengths, unaligned views, n > NM_VEC_MAX) and layer_norm / gated_rms_norm take the general
+ * kernels: a team per row (a warp up to NM_WARP_MAX elements, else a block), fp32 tree reductions, each pass
+ * re-reading the row (L1/L2 hits) instead of keeping it in registers, so any row length works.
  * Aliasing: y may alias x (and, element for element, the residual). Every element is read and written by the same
- * thread in every pass (same start and stride), so no thread reads an element another one has already rewritten.
- * RESID_ADD_BEFORE writes residual[i] += x[i] in the first pass and the later passes read it back (same thread).
+ * thread, reads first, so no thread reads an element another one has already rewritten. RESID_ADD_BEFORE writes
+ * residual[i] += x[i] first and y[i] after it (y wins where they alias).
+ * Every kernel is launched through cu_launch (cuda_launch.cuh) and follows its wait/trigger contract.
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
+#include "cuda_launch.cuh"
 
-#define NM_WARP_MAX 1024 /* rows up to this many elements get a warp each */
+#define NM_WARP_MAX 1024 /* general kernels: rows up to this many elements get a warp each */
+#define NM_VEC_WARP_MAX 512  /* fast rms_norm: rows up to this many elements get a warp each (4 float4 per lane) */
+#define NM_VEC_MAX 8192      /* fast rms_norm: longest row (1024 threads x 2 float4) */
+#define NM_WNONE (-1)        /* fast rms_norm weight template argument: no weight */
 
 struct nm_rows {
     char *base;
@@ -102,14 +115,18 @@ struct nm_rms_args {
     nm_rows x, y, res; /* res only with a residual mode */
     const void *w;     /* NULL unless weight mode W / W_ONE_PLUS */
     int32_t wdt, wmode, rmode;
+    int32_t w_early;   /* fast kernel: the weight may be read before cu_pdl_wait (a weights buffer) */
     float eps;
     int64_t n, rows;
 };
 
+/* General kernel: any row length and layout. */
 template <bool WARP>
 __global__ void nm_rms_kernel(const nm_rms_args a)
 {
     __shared__ float scratch[32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const nm_team<WARP> tm;
     for (int64_t row = tm.row0; row < a.rows; row += tm.rstep) {
         const float *x = nm_row(a.x, row);
@@ -137,10 +154,169 @@ __global__ void nm_rms_kernel(const nm_rms_args a)
     }
 }
 
+/* Weights [4q, 4q + 4) widened to float (f32: one 16-byte load; bf16/f16: one 8-byte load). Plain loads, not
+ * __ldg: with PDL the grid may run while an earlier kernel still writes (see cuda_launch.cuh). */
+template <int WDT>
+static __device__ __forceinline__ float4 nm_ld_w4(const void *w, int q)
+{
+    if constexpr (WDT == BERTH_DTYPE_F32) {
+        return ((const float4 *)w)[q];
+    } else {
+        const uint2 u = ((const uint2 *)w)[q];
+        float4 f;
+        if constexpr (WDT == BERTH_DTYPE_BF16) {
+            f.x = __uint_as_float(u.x << 16);
+            f.y = __uint_as_float(u.x & 0xffff0000u);
+            f.z = __uint_as_float(u.y << 16);
+            f.w = __uint_as_float(u.y & 0xffff0000u);
+        } else {
+            f.x = __half2float(__ushort_as_half((unsigned short)(u.x & 0xffffu)));
+            f.y = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
+            f.z = __half2float(__ushort_as_half((unsigned short)(u.y & 0xffffu)));
+            f.w = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
+        }
+        return f;
+    }
+}
+
+/* This thread's weights: float4 number lane + j * width for j < V (those below nv), 1 + w for W_ONE_PLUS (the
+ * same sum the general kernel forms per element). */
+template <int WDT, int V>
+static __device__ __forceinline__ void nm_ld_weights(const nm_rms_args &a, int lane, int width, int nv, float4 (&wv)[V])
+{
+#pragma unroll
+    for (int j = 0; j < V; j++) {
+        const int q = lane + j * width;
+        if (q < nv) {
+            wv[j] = nm_ld_w4<WDT>(a.w, q);
+            if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
+                wv[j].x = 1.0f + wv[j].x;
+                wv[j].y = 1.0f + wv[j].y;
+                wv[j].z = 1.0f + wv[j].z;
+                wv[j].w = 1.0f + wv[j].w;
+            }
+        }
+    }
+}
+
+/* Fast kernel (see the top comment): thread `lane` of a row's team owns float4 number lane + j * width of the
+ * row, j < V. WDT: the weight dtype, or NM_WNONE for the weightless modes. */
+template <int WDT, bool WARP, int V>
+__global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_rms_args a)
+{
+    __shared__ float scratch[32];
+    cu_pdl_trigger();
+    const nm_team<WARP> tm;
+    const int nv = (int)(a.n >> 2), lane = tm.lane, width = tm.width;
+    float4 wv[V];
+#pragma unroll
+    for (int j = 0; j < V; j++)
+        wv[j] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+    if constexpr (WDT != NM_WNONE)
+        if (a.w_early)
+            nm_ld_weights<WDT, V>(a, lane, width, nv, wv);
+    cu_pdl_wait();
+    if constexpr (WDT != NM_WNONE)
+        if (!a.w_early)
+            nm_ld_weights<WDT, V>(a, lane, width, nv, wv);
+
+    for (int64_t row = tm.row0; row < a.rows; row += tm.rstep) {
+        const float4 *x = (const float4 *)nm_row(a.x, row);
+        float4 *y = (float4 *)nm_row(a.y, row);
+        float4 *res = a.rmode != BERTH_RESID_NONE ? (float4 *)nm_row(a.res, row) : nullptr;
+        float4 v[V], r[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) { /* every load of the row before any store */
+            const int q = lane + j * width;
+            v[j] = r[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (q < nv) {
+                v[j] = x[q];
+                if (a.rmode != BERTH_RESID_NONE)
+                    r[j] = res[q];
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            if (a.rmode == BERTH_RESID_ADD_BEFORE) {
+                v[j].x = r[j].x + v[j].x;
+                v[j].y = r[j].y + v[j].y;
+                v[j].z = r[j].z + v[j].z;
+                v[j].w = r[j].w + v[j].w;
+                const int q = lane + j * width;
+                if (q < nv)
+                    res[q] = v[j];
+            }
+            ss = fmaf(v[j].x, v[j].x, ss);
+            ss = fmaf(v[j].y, v[j].y, ss);
+            ss = fmaf(v[j].z, v[j].z, ss);
+            ss = fmaf(v[j].w, v[j].w, ss);
+        }
+        ss = tm.sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int q = lane + j * width;
+            if (q >= nv)
+                continue;
+            float4 o;
+            o.x = v[j].x * inv;
+            o.y = v[j].y * inv;
+            o.z = v[j].z * inv;
+            o.w = v[j].w * inv;
+            if constexpr (WDT != NM_WNONE) {
+                o.x *= wv[j].x;
+                o.y *= wv[j].y;
+                o.z *= wv[j].z;
+                o.w *= wv[j].w;
+            }
+            if (a.rmode == BERTH_RESID_ADD_AFTER) {
+                o.x = r[j].x + o.x;
+                o.y = r[j].y + o.y;
+                o.z = r[j].z + o.z;
+                o.w = r[j].w + o.w;
+            }
+            y[q] = o;
+        }
+    }
+}
+
+/* Every row of t (ne[1..3]) starts 16-byte aligned. */
+static bool nm_rows_aligned16(const berth_tensor *t)
+{
+    if ((uintptr_t)cu_ptr(t) % 16 != 0)
+        return false;
+    for (int d = 1; d < 4; d++)
+        if (t->ne[d] > 1 && t->nb[d] % 16 != 0)
+            return false;
+    return true;
+}
+
 bool cu_check_rms_norm(const berth_backend *be, struct opck *c, const berth_rms_norm_params *p)
 {
     (void)be;
     return opck_rms_norm(c, p);
+}
+
+/* The fast kernel for weight dtype WDT: a warp per row (V float4 per lane, 8 rows per block at most) or a block
+ * per row (2 float4 per thread). */
+template <int WDT>
+static cudaError_t nm_rms_vec_launch(berth_backend *be, cudaStream_t cs, const nm_rms_args &a)
+{
+    const int64_t nv = a.n / 4;
+    if (a.n <= NM_VEC_WARP_MAX) {
+        const int64_t wpb = a.rows < 8 ? a.rows : 8; /* warps (rows) per block */
+        int64_t g = (a.rows + wpb - 1) / wpb;
+        const dim3 grid((unsigned)(g > (1 << 20) ? (1 << 20) : g)), block((unsigned)(32 * wpb));
+        if (nv <= 32)
+            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 1>, a);
+        if (nv <= 64)
+            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 2>, a);
+        return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 4>, a);
+    }
+    const int64_t threads = ((nv + 1) / 2 + 31) / 32 * 32; /* <= 1024 for n <= NM_VEC_MAX */
+    const dim3 grid((unsigned)(a.rows > (1 << 20) ? (1 << 20) : a.rows)), block((unsigned)threads);
+    return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, false, 2>, a);
 }
 
 berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p)
@@ -149,24 +325,43 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
     if (n == 0 || rows == 0)
         return BERTH_OK;
+    const bool has_w = opck_norm_has_weight(p->weight_mode);
     nm_rms_args a;
     a.x = nm_rows_of(&p->x);
     a.y = nm_rows_of(&p->y);
     a.rmode = p->resid_mode;
     a.res = a.rmode != BERTH_RESID_NONE ? nm_rows_of(&p->residual) : a.x;
     /* W_NONE and UNIT: no weight */
-    a.wmode = opck_norm_has_weight(p->weight_mode) ? p->weight_mode : BERTH_NORM_UNIT;
-    a.w = opck_norm_has_weight(p->weight_mode) ? cu_ptr(&p->w) : NULL;
+    a.wmode = has_w ? p->weight_mode : BERTH_NORM_UNIT;
+    a.w = has_w ? cu_ptr(&p->w) : NULL;
     a.wdt = p->w.dtype;
+    a.w_early = has_w && p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.eps = p->eps;
     a.n = n;
     a.rows = rows;
-    const nm_launch l = nm_shape(n, rows);
-    if (l.warp)
-        nm_rms_kernel<true><<<l.grid, l.threads, 0, s->cs>>>(a);
-    else
-        nm_rms_kernel<false><<<l.grid, l.threads, 0, s->cs>>>(a);
-    return cu_check_launch(be, "rms_norm kernel");
+
+    const size_t wal = !has_w ? 1 : p->w.dtype == BERTH_DTYPE_F32 ? 16 : 8;
+    const bool vec = n % 4 == 0 && n <= NM_VEC_MAX && nm_rows_aligned16(&p->x) && nm_rows_aligned16(&p->y) &&
+                     (a.rmode == BERTH_RESID_NONE || nm_rows_aligned16(&p->residual)) &&
+                     (uintptr_t)a.w % wal == 0;
+    cudaError_t e;
+    if (vec) {
+        if (!has_w)
+            e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a);
+        else if (p->w.dtype == BERTH_DTYPE_BF16)
+            e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a);
+        else if (p->w.dtype == BERTH_DTYPE_F16)
+            e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a);
+        else
+            e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a);
+    } else {
+        const nm_launch l = nm_shape(n, rows);
+        if (l.warp)
+            e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<true>, a);
+        else
+            e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<false>, a);
+    }
+    return cu_check(be, e, "rms_norm kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -184,6 +379,8 @@ template <bool WARP>
 __global__ void nm_ln_kernel(const nm_ln_args a)
 {
     __shared__ float scratch[32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const nm_team<WARP> tm;
     for (int64_t row = tm.row0; row < a.rows; row += tm.rstep) {
         const float *x = nm_row(a.x, row);
@@ -243,11 +440,9 @@ berth_status cu_op_layer_norm(berth_backend *be, berth_stream *s, const berth_la
     a.n = n;
     a.rows = rows;
     const nm_launch l = nm_shape(n, rows);
-    if (l.warp)
-        nm_ln_kernel<true><<<l.grid, l.threads, 0, s->cs>>>(a);
-    else
-        nm_ln_kernel<false><<<l.grid, l.threads, 0, s->cs>>>(a);
-    return cu_check_launch(be, "layer_norm kernel");
+    const cudaError_t e = l.warp ? cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_ln_kernel<true>, a)
+                                 : cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_ln_kernel<false>, a);
+    return cu_check(be, e, "layer_norm kernel");
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -265,6 +460,8 @@ template <bool WARP>
 __global__ void nm_gated_kernel(const nm_gated_args a)
 {
     __shared__ float scratch[32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const nm_team<WARP> tm;
     for (int64_t row = tm.row0; row < a.rows; row += tm.rstep) {
         const float *x = nm_row(a.x, row);
@@ -303,9 +500,7 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
     a.n = n;
     a.rows = rows;
     const nm_launch l = nm_shape(n, rows);
-    if (l.warp)
-        nm_gated_kernel<true><<<l.grid, l.threads, 0, s->cs>>>(a);
-    else
-        nm_gated_kernel<false><<<l.grid, l.threads, 0, s->cs>>>(a);
-    return cu_check_launch(be, "gated_rms_norm kernel");
+    const cudaError_t e = l.warp ? cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_gated_kernel<true>, a)
+                                 : cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_gated_kernel<false>, a);
+    return cu_check(be, e, "gated_rms_norm kernel");
 }

@@ -6,9 +6,12 @@
  * Work items per (token, head): one per rotated pair (the thread reads both elements and writes both, so y may
  * alias x) and one per unrotated element (copied; skipped when y is x itself). sincosf is recomputed per head:
  * it is cheap next to a launch, and it keeps the kernel free of shared-memory tables and their size limits.
+ * Launched through cu_launch (cuda_launch.cuh): the kernel triggers its successor first, then waits for its
+ * predecessor before touching memory.
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
+#include "cuda_launch.cuh"
 
 struct rp_args {
     const char *x;
@@ -23,6 +26,8 @@ struct rp_args {
 
 __global__ void rp_rope_kernel(const rp_args a)
 {
+    cu_pdl_trigger();
+    cu_pdl_wait();
     const int64_t total = a.T * a.H * a.items;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -86,6 +91,5 @@ berth_status cu_op_rope(berth_backend *be, berth_stream *s, const berth_rope_par
     int64_t blocks = (total + 255) / 256;
     if (blocks > (1 << 20))
         blocks = 1 << 20; /* the kernel loops over the rest */
-    rp_rope_kernel<<<(unsigned)blocks, 256, 0, s->cs>>>(a);
-    return cu_check_launch(be, "rope kernel");
+    return cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(256), 0, rp_rope_kernel, a), "rope kernel");
 }

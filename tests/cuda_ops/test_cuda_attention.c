@@ -9,6 +9,11 @@
  * not, decode batches (one split written directly, several splits combined) with per-sequence lengths including
  * 0, prefill chunks, a mixed batch (a chunk starting past position 0 plus decode rows, a sequence with no rows),
  * softcap, gate, MASK_NONE, and negative block-table entries for blocks outside every window.
+ *
+ * Run with HX_COMPUTE=bf16 (test cuda_ops_attention_bf16), prefill/mixed cases over a bf16/f16 cache take the
+ * tensor-core kernel and are held to a bound derived from its bf16/f16 rounding (see "BF16 compute mode" below);
+ * the "tc:" cases are its shapes (head dims 256 and 512, windows that bite and not, several sequences, chunks past
+ * position 0). Every other case keeps the fp32 tolerance in both modes.
  */
 #include <math.h>
 #include <stdio.h>
@@ -134,6 +139,228 @@ static double pool_rtol(berth_dtype dt)
     return dt == BERTH_DTYPE_BF16 ? 8e-3 : dt == BERTH_DTYPE_F16 ? 1.5e-3 : 2e-5;
 }
 
+/* ---- BF16 compute mode: the tensor-core prefill kernel and its error bound ----------------------------------
+ *
+ * With HX_COMPUTE=bf16 the CUDA backend runs a prefill or mixed batch over a bf16 (f16) cache on the tensor cores
+ * when the head dims are multiples of 16 and K/V rows are 16-byte aligned (tensor_core_expected mirrors that rule,
+ * attention.cu: att_mma_ok). That kernel rounds q and P = e^(s - m) to bf16 (f16); K and V are used as stored and
+ * everything else is fp32. The CPU backend rounds neither, so these cases are held to a host reference in double
+ * precision that rounds q exactly as the kernel does (to nearest even), which leaves P's rounding and fp32:
+ *   - each weight p_j becomes p_j (1 + d_j) with |d_j| <= u (u = 2^-8 for bf16, 2^-11 for f16), and the kernel's
+ *     row sum adds the same rounded values, so out = sum_j p_j (1 + d_j) v_j / sum_j p_j (1 + d_j) and
+ *         |out_d - ref_d| <= u / (1 - u) * sum_j p_j |v_jd - ref_d|     (the weighted spread of V about ref);
+ *   - f16 only: a weight below 2^-14 (f16's smallest normal, relative to the running max) is rounded with an
+ *     absolute error up to 2^-25, adding 2^-25 * sum_j |v_jd - ref_d| (the row sum is >= 1: it holds e^0);
+ *   - fp32 arithmetic (accumulation order, exp2): the fp32 tolerance of the other cases, atol = rtol = tol;
+ * all times sigmoid(gate) when gated. This is a worst case, but a nearly tight one: with Gemma's scale 1 the
+ * softmax is peaked, one or two keys carry the spread and their roundings do not average out (a C emulation of
+ * the kernel's arithmetic used up to 75% of it over six seeds; each case prints the fraction it used). A missing,
+ * extra or wrong key of weight p moves out_d by about p |v_jd - ref_d|, over the bound once p exceeds about u
+ * times the row's weighted spread. The same reference with q unrounded is checked against the CPU backend at the
+ * fp32 tolerance (so it cannot drift from the backend's semantics), and for bf16 the GPU must differ from the CPU
+ * by more than fp32 noise somewhere (the tensor-core path really ran). */
+
+static int compute_bf16(void)
+{
+    const char *m = getenv("HX_COMPUTE");
+    return m && strcmp(m, "bf16") == 0;
+}
+
+static int tensor_core_expected(const struct attn_case *c, const struct pool *p, int T)
+{
+    const berth_kv_view *kv = &p->kv;
+    const uint64_t align = p->v_off | kv->block_stride | kv->token_stride | kv->head_stride | kv->v_token_stride |
+                           kv->v_head_stride;
+    return compute_bf16() && T != c->n_seqs && (c->kv_dt == BERTH_DTYPE_BF16 || c->kv_dt == BERTH_DTYPE_F16) &&
+           c->D % 16 == 0 && c->DV % 16 == 0 && align % 16 == 0;
+}
+
+static float round_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u; /* nearest even; inputs here are finite */
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static double kv_elem(const unsigned char *pool, berth_dtype dt, uint64_t off)
+{
+    uint16_t u;
+    if (dt == BERTH_DTYPE_F32) {
+        float f;
+        memcpy(&f, pool + off, 4);
+        return f;
+    }
+    memcpy(&u, pool + off, 2);
+    if (dt == BERTH_DTYPE_F16) {
+        _Float16 h;
+        memcpy(&h, &u, 2);
+        return (double)h;
+    }
+    const uint32_t w = (uint32_t)u << 16;
+    float f;
+    memcpy(&f, &w, 4);
+    return f;
+}
+
+/* What the reference needs besides the case: the inputs both backends saw, on the host. */
+struct ref_inputs {
+    const unsigned char *pool; /* the pool's bytes */
+    const int32_t *bt, *qpos, *qstart, *kvlen;
+    int bt_w, T;
+    const float *q;    /* [T][H][D + qmis] */
+    const float *gate; /* [T][H][DV] */
+};
+
+/* out[t][h][d] in double with q rounded to qdt (F32: not rounded); spread_w = sum_j p_j |v_jd - out_d| and
+ * spread = sum_j |v_jd - out_d| (both before the gate), gsig = the gate's sigmoid (1 without a gate). Rows that
+ * see no key: all zero. */
+static void host_attention(const struct attn_case *c, const struct pool *p, const struct ref_inputs *in,
+                           berth_dtype qdt, double *out, double *spread_w, double *spread, double *gsig)
+{
+    const int H = c->n_kvh * c->n_rep, D = c->D, DV = c->DV, qmis = c->layout == 2;
+    const berth_kv_view *kv = &p->kv;
+    const uint64_t es = c->kv_dt == BERTH_DTYPE_F32 ? 4 : 2;
+    const size_t max_kv = (size_t)in->bt_w * (size_t)c->bs;
+    /* one sequence's K and V of one KV head, widened; ok[j]: key j's block is a block of the pool */
+    double *kd = malloc(sizeof(double) * max_kv * (size_t)D), *vd = malloc(sizeof(double) * max_kv * (size_t)DV);
+    double *w = malloc(sizeof(double) * max_kv), *qv = malloc(sizeof(double) * (size_t)D);
+    double *acc = malloc(sizeof(double) * (size_t)DV), *sw = malloc(sizeof(double) * (size_t)DV);
+    double *sa = malloc(sizeof(double) * (size_t)DV);
+    char *ok = malloc(max_kv);
+    ck_assert(kd && vd && w && qv && acc && sw && sa && ok);
+    for (int s = 0; s < c->n_seqs; s++) {
+        const int kvl = in->kvlen[s];
+        for (int g = 0; g < c->n_kvh; g++) {
+            for (int j = 0; j < kvl; j++) {
+                const int32_t b = in->bt[s * in->bt_w + j / c->bs];
+                ok[j] = b >= 0 && b < kv->n_blocks;
+                if (!ok[j])
+                    continue;
+                const uint64_t slot = (uint64_t)(j % c->bs);
+                const uint64_t k0 = (uint64_t)b * kv->block_stride + slot * kv->token_stride +
+                                    (uint64_t)g * kv->head_stride;
+                const uint64_t v0 = p->v_off + (uint64_t)b * kv->block_stride + slot * kv->v_token_stride +
+                                    (uint64_t)g * kv->v_head_stride;
+                for (int d = 0; d < D; d++)
+                    kd[(size_t)j * D + d] = kv_elem(in->pool, c->kv_dt, k0 + (uint64_t)d * es);
+                for (int d = 0; d < DV; d++)
+                    vd[(size_t)j * DV + d] = kv_elem(in->pool, c->kv_dt, v0 + (uint64_t)d * es);
+            }
+            for (int t = in->qstart[s]; t < in->qstart[s + 1]; t++) {
+                const int pos = in->qpos[t];
+                int lo = 0, hi = kvl;
+                if (c->mask == BERTH_MASK_CAUSAL) {
+                    hi = pos + 1 < kvl ? pos + 1 : kvl;
+                    lo = c->window > 0 && pos - c->window + 1 > 0 ? pos - c->window + 1 : 0;
+                }
+                for (int r = 0; r < c->n_rep; r++) {
+                    const int h = g * c->n_rep + r;
+                    const size_t o0 = ((size_t)t * H + h) * (size_t)DV;
+                    const float *qr = in->q + ((size_t)t * H + h) * (size_t)(D + qmis) + qmis;
+                    for (int d = 0; d < D; d++)
+                        qv[d] = qdt == BERTH_DTYPE_BF16 ? (double)round_bf16(qr[d])
+                                : qdt == BERTH_DTYPE_F16 ? (double)(_Float16)qr[d] : (double)qr[d];
+                    double mx = -INFINITY, sum = 0.0;
+                    for (int j = lo; j < hi; j++) {
+                        ck_assert_msg(ok[j], "%s: reference: visible key %d of seq %d has no block", c->name, j, s);
+                        double dot = 0.0;
+                        for (int d = 0; d < D; d++)
+                            dot += qv[d] * kd[(size_t)j * D + d];
+                        double sc = (double)c->scale * dot;
+                        if (c->softcap > 0.0f)
+                            sc = c->softcap * tanh(sc / c->softcap);
+                        w[j] = sc;
+                        mx = sc > mx ? sc : mx;
+                    }
+                    for (int j = lo; j < hi; j++)
+                        sum += (w[j] = exp(w[j] - mx));
+                    for (int d = 0; d < DV; d++)
+                        acc[d] = sw[d] = sa[d] = 0.0;
+                    for (int j = lo; j < hi; j++)
+                        for (int d = 0; d < DV; d++)
+                            acc[d] += w[j] * vd[(size_t)j * DV + d];
+                    for (int d = 0; d < DV; d++)
+                        acc[d] = hi > lo ? acc[d] / sum : 0.0;
+                    for (int j = lo; j < hi; j++)
+                        for (int d = 0; d < DV; d++) {
+                            const double dv = fabs(vd[(size_t)j * DV + d] - acc[d]);
+                            sw[d] += w[j] * dv;
+                            sa[d] += dv;
+                        }
+                    for (int d = 0; d < DV; d++) {
+                        const double gs = c->gate ? 1.0 / (1.0 + exp(-(double)in->gate[o0 + d])) : 1.0;
+                        out[o0 + d] = acc[d] * gs;
+                        spread_w[o0 + d] = hi > lo ? sw[d] / sum : 0.0;
+                        spread[o0 + d] = sa[d];
+                        gsig[o0 + d] = gs;
+                    }
+                }
+            }
+        }
+    }
+    free(kd);
+    free(vd);
+    free(w);
+    free(qv);
+    free(acc);
+    free(sw);
+    free(sa);
+    free(ok);
+}
+
+/* The checks described above for a case that ran on the tensor cores. tol: the fp32 tolerance. */
+static void expect_tensor_core_bound(const struct attn_case *c, const struct pool *p, const struct ref_inputs *in,
+                                     const struct hx_tensor *out, double tol, const char *what)
+{
+    const size_t n = (size_t)in->T * (size_t)(c->n_kvh * c->n_rep) * (size_t)c->DV;
+    const int f16 = c->kv_dt == BERTH_DTYPE_F16;
+    const double u = f16 ? 0x1p-11 : 0x1p-8, uabs = f16 ? 0x1p-25 : 0.0;
+    double *ref = malloc(sizeof(double) * n), *sw = malloc(sizeof(double) * n), *sa = malloc(sizeof(double) * n);
+    double *gs = malloc(sizeof(double) * n);
+    float *gpu = malloc(sizeof(float) * n), *cpu = malloc(sizeof(float) * n);
+    ck_assert(ref && sw && sa && gs && gpu && cpu);
+    hx_get_f32(out, HX_GPU, gpu);
+    hx_get_f32(out, HX_CPU, cpu);
+
+    /* The reference with q as given equals the CPU backend (fp32 tolerance). */
+    host_attention(c, p, in, BERTH_DTYPE_F32, ref, sw, sa, gs);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_msg(isfinite(cpu[i]) && fabs(cpu[i] - ref[i]) <= tol + tol * fabs(ref[i]),
+                      "%s: host reference vs CPU backend at %zu: cpu %.9g ref %.9g (seed %llu)", what, i,
+                      (double)cpu[i], ref[i], (unsigned long long)hx->seed);
+
+    /* The GPU within the bound of the reference with q rounded like the kernel. */
+    host_attention(c, p, in, c->kv_dt, ref, sw, sa, gs);
+    double worst_frac = 0.0, worst_err = 0.0, max_vs_cpu = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const double err = fabs((double)gpu[i] - ref[i]);
+        const double bound = gs[i] * (u / (1.0 - u) * sw[i] + uabs * sa[i]) + tol + tol * fabs(ref[i]);
+        ck_assert_msg(isfinite(gpu[i]) && err <= bound,
+                      "%s: element %zu of %zu: gpu %.9g, reference (q rounded) %.9g, |diff| %.3g > bound %.3g "
+                      "(P rounding %.3g + fp32 %.3g; seed %llu)",
+                      what, i, n, (double)gpu[i], ref[i], err, bound, bound - tol - tol * fabs(ref[i]),
+                      tol + tol * fabs(ref[i]), (unsigned long long)hx->seed);
+        worst_frac = err / bound > worst_frac ? err / bound : worst_frac;
+        worst_err = err > worst_err ? err : worst_err;
+        const double dc = fabs((double)gpu[i] - (double)cpu[i]);
+        max_vs_cpu = dc > max_vs_cpu ? dc : max_vs_cpu;
+    }
+    if (!f16)
+        ck_assert_msg(max_vs_cpu > 4.0 * tol, "%s: the GPU equals the CPU within %.3g: the tensor-core path (bf16 q "
+                      "and P) did not run", what, max_vs_cpu);
+    printf("%s: tensor cores: largest |gpu - ref| %.3g, %.1f%% of its bound; largest |gpu - cpu| %.3g\n", what,
+           worst_err, 100.0 * worst_frac, max_vs_cpu);
+    fflush(stdout);
+    free(ref);
+    free(sw);
+    free(sa);
+    free(gs);
+    free(gpu);
+    free(cpu);
+}
+
 static void run_case(const struct attn_case *c)
 {
     const int ns = c->n_seqs, H = c->n_kvh * c->n_rep;
@@ -239,14 +466,11 @@ static void run_case(const struct attn_case *c)
     snprintf(what, sizeof what, "%s: KV pool after kv_append", c->name);
     hx_expect_close(&pool.mem, 1e-5, pool_rtol(c->kv_dt), what);
 
-    /* Both backends attend over the CPU's pool. */
-    {
-        void *bytes = malloc(pool.mem.bytes);
-        ck_assert(bytes);
-        hx_get(&pool.mem, HX_CPU, bytes);
-        hx_set(&pool.mem, bytes);
-        free(bytes);
-    }
+    /* Both backends attend over the CPU's pool (kept here for the tensor-core bound's reference). */
+    unsigned char *pool_bytes = malloc(pool.mem.bytes);
+    ck_assert(pool_bytes);
+    hx_get(&pool.mem, HX_CPU, pool_bytes);
+    hx_set(&pool.mem, pool_bytes);
 
     /* ---- attention ---- */
     int32_t *qpos = malloc(sizeof(int32_t) * (size_t)(T > 0 ? T : 1));
@@ -307,7 +531,18 @@ static void run_case(const struct attn_case *c)
      * output through e^score. A wrong key, weight or mask costs 1e-3 or more. */
     const double tol = 2e-5 * fmax(1.0, c->scale * sqrt((double)c->D) / 4.0);
     snprintf(what, sizeof what, "%s: attention output", c->name);
-    hx_expect_close(&out, tol, tol, what);
+    if (tensor_core_expected(c, &pool, T)) {
+        float *qh = malloc(q.bytes), *gh = malloc(gate.bytes);
+        ck_assert(qh && gh);
+        hx_get_f32(&q, HX_CPU, qh);
+        hx_get_f32(&gate, HX_CPU, gh);
+        const struct ref_inputs in = {pool_bytes, bt, qpos, qstart, kvlen, bt_w, T, qh, gh};
+        expect_tensor_core_bound(c, &pool, &in, &out, tol, what);
+        free(qh);
+        free(gh);
+    } else {
+        hx_expect_close(&out, tol, tol, what);
+    }
 
     /* Rows of sequences without keys are exactly zero (not merely close). */
     {
@@ -346,6 +581,7 @@ static void run_case(const struct attn_case *c)
     free(apos);
     free(perm);
     free(bt);
+    free(pool_bytes);
 }
 
 #define F32 BERTH_DTYPE_F32
@@ -413,6 +649,31 @@ static const struct attn_case cases[] = {
     {"MASK_NONE decode d128 f16 rep2",
      F16, 128, 128, 2, 2, 16, 0, 2, {{1, 50}, {1, 9}},
      NOMASK, 0, 0.088388f, 0.0f, 1, BERTH_NORM_W_NONE, BERTH_NORM_W_NONE, F32, HALF, 0, 0, 0},
+    /* prefill / mixed shapes of the tensor-core kernel (HX_COMPUTE=bf16; the SIMT kernel's in fp32 mode) */
+    {"tc: prefill d256 bf16 rep8 window 512 (does not bite), 200 rows",
+     BF16, 256, 256, 1, 8, 16, 0, 1, {{200, 200}},
+     CAUSAL, 512, 1.0f, 0.0f, 0, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 0},
+    {"tc: prefill d256 bf16 rep8 window 100 (bites), chunk at 230 + new seq + rows without keys, gate, dropped",
+     BF16, 256, 256, 1, 8, 16, 0, 3, {{90, 320}, {70, 70}, {3, 0}},
+     CAUSAL, 100, 1.0f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 1},
+    {"tc: prefill d512 bf16 rep8 bs32 causal, chunk at 100 + new seq",
+     BF16, 512, 512, 1, 8, 32, 0, 2, {{100, 200}, {80, 80}},
+     CAUSAL, 0, 1.0f, 0.0f, 0, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 256, 64, 0},
+    {"tc: prefill d512 bf16 rep8 window 512 (bites), chunk at 530, softcap, dropped blocks",
+     BF16, 512, 512, 1, 8, 16, 0, 1, {{70, 600}},
+     CAUSAL, 512, 1.0f, 30.0f, 0, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 256, 64, 1},
+    {"tc: prefill d128 f16 rep4 two KV heads, window 50, gate (f16 MMA)",
+     F16, 128, 128, 2, 4, 16, 1, 2, {{77, 77}, {40, 100}},
+     CAUSAL, 50, 0.088388f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, F16, HALF, 64, 64, 0},
+    {"tc: mixed d256 bf16 rep8: chunk at 37 + decode rows + an empty seq, gate",
+     BF16, 256, 256, 1, 8, 16, 0, 4, {{64, 101}, {1, 300}, {0, 9}, {1, 1}},
+     CAUSAL, 512, 1.0f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 0},
+    {"tc: prefill d192/dv128 bf16 rep2 padded head slots",
+     BF16, 192, 128, 2, 2, 32, 3, 2, {{65, 65}, {20, 90}},
+     CAUSAL, 0, 0.0721688f, 0.0f, 0, BERTH_NORM_W_NONE, BERTH_NORM_W_NONE, F32, HALF, 96, 32, 0},
+    {"tc: MASK_NONE prefill d64 bf16 rep16 bs8",
+     BF16, 64, 64, 1, 16, 8, 0, 2, {{30, 70}, {50, 20}},
+     NOMASK, 0, 0.125f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_W, BF16, INTERL, 0, 32, 0},
 };
 #define N_CASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -580,6 +841,222 @@ START_TEST(attention_supports_limits)
 }
 END_TEST
 
+/* ---- Decode path on a random pool (no kv_append): every decode kernel variant (KV dtype x heads per KV head x
+ * head dims, i.e. lanes per head dim and warps per team), one split and many, the window, aligned and unaligned
+ * rows, block sizes that split a batch of keys; and graph replay: the op recorded once with the block table's
+ * width as its bound, replayed with new lengths, positions, block tables and q, each replay against the CPU. ---- */
+
+#define DEC_MAX_SEQS 24
+
+struct dec_case {
+    const char *name;
+    berth_dtype kv_dt;
+    int D, DV, n_kvh, n_rep, bs, layout; /* layout: as struct attn_case */
+    int n_seqs;
+    int kv_len[DEC_MAX_SEQS];
+    int mask, window;
+    float scale, softcap;
+    int gate;
+    int bt_w;    /* block-table width (0: the longest sequence's blocks + 1) */
+    int replays; /* > 0: record the GPU op in a graph, then replay it with that many new sets of lengths */
+};
+
+/* Per sequence: block-table row (the first ceil(len / bs) entries from the sequence's own blocks, then values no
+ * backend may read), position len - 1 (0 when empty). Uploaded to both sides. */
+static void dec_set_lengths(const struct dec_case *dc, int bt_w, const int *blocks, const int *len,
+                            struct hx_tensor *tbt, struct hx_tensor *tkv, struct hx_tensor *tpos)
+{
+    const int ns = dc->n_seqs;
+    int32_t *bt = malloc(sizeof(int32_t) * (size_t)ns * (size_t)bt_w);
+    int32_t kvl[DEC_MAX_SEQS], pos[DEC_MAX_SEQS];
+    ck_assert(bt);
+    for (int s = 0; s < ns; s++) {
+        const int nb = (len[s] + dc->bs - 1) / dc->bs;
+        for (int b = 0; b < bt_w; b++)
+            bt[s * bt_w + b] = b < nb ? blocks[s * bt_w + b] : (b & 1 ? 0x7fffffff : -1);
+        kvl[s] = len[s];
+        pos[s] = len[s] > 0 ? len[s] - 1 : 0;
+    }
+    hx_set(tbt, bt);
+    hx_set(tkv, kvl);
+    hx_set(tpos, pos);
+    free(bt);
+}
+
+static void dec_run(const struct dec_case *dc)
+{
+    struct attn_case c;
+    memset(&c, 0, sizeof c);
+    c.name = dc->name;
+    c.kv_dt = dc->kv_dt;
+    c.D = dc->D, c.DV = dc->DV, c.n_kvh = dc->n_kvh, c.n_rep = dc->n_rep, c.bs = dc->bs, c.layout = dc->layout;
+    const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, T = ns;
+    ck_assert(ns >= 1 && ns <= DEC_MAX_SEQS);
+    int bt_w = dc->bt_w, max_kv = 0;
+    for (int s = 0; s < ns; s++) {
+        const int nb = (dc->kv_len[s] + dc->bs - 1) / dc->bs;
+        if (dc->bt_w == 0 && nb + 1 > bt_w)
+            bt_w = nb + 1;
+        max_kv = dc->kv_len[s] > max_kv ? dc->kv_len[s] : max_kv;
+    }
+    ck_assert_msg(bt_w >= 1 && (int64_t)bt_w * dc->bs >= max_kv, "%s: table too narrow", dc->name);
+    /* Every table slot of every sequence owns a block (shuffled), so any length up to bt_w * bs is valid data. */
+    const int n_blocks = ns * bt_w + 1;
+    int *blocks = malloc(sizeof(int) * (size_t)n_blocks);
+    ck_assert(blocks);
+    for (int i = 0; i < n_blocks; i++)
+        blocks[i] = i;
+    shuffle_int(blocks, n_blocks);
+    struct pool pool;
+    pool_make(&pool, &c, n_blocks); /* random contents, the same on both sides */
+
+    const int qmis = dc->layout == 2; /* q rows not 16-byte aligned either */
+    struct hx_tensor q = hx_new(BERTH_DTYPE_F32, dc->D + qmis, H, T, 0), out = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
+    struct hx_tensor gate = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
+    struct hx_tensor tpos = hx_new(BERTH_DTYPE_I32, T, 0, 0, 0), tqs = hx_new(BERTH_DTYPE_I32, ns + 1, 0, 0, 0);
+    struct hx_tensor tkv = hx_new(BERTH_DTYPE_I32, ns, 0, 0, 0), tbt = hx_new(BERTH_DTYPE_I32, bt_w, ns, 0, 0);
+    hx_rand(&q, -0.5f, 0.5f);
+    hx_rand(&gate, -3.0f, 3.0f);
+    {
+        int32_t qs[DEC_MAX_SEQS + 1];
+        for (int s = 0; s <= ns; s++)
+            qs[s] = s;
+        hx_set(&tqs, qs);
+    }
+    dec_set_lengths(dc, bt_w, blocks, dc->kv_len, &tbt, &tkv, &tpos);
+
+    berth_attention_params ap[2];
+    for (int side = 0; side < 2; side++) {
+        berth_attention_params *p = &ap[side];
+        memset(p, 0, sizeof *p);
+        p->struct_size = sizeof *p;
+        p->mask = dc->mask;
+        p->window = dc->window;
+        p->scale = dc->scale;
+        p->softcap = dc->softcap;
+        p->n_seqs = ns;
+        p->max_q_len = 1;
+        p->max_kv_len = max_kv;
+        p->q = view3(&q, side, qmis ? 4 : 0, dc->D, H, T, (int64_t)(dc->D + qmis) * 4,
+                     (int64_t)(dc->D + qmis) * 4 * H);
+        p->out = out.t[side];
+        if (dc->gate)
+            p->gate = gate.t[side];
+        p->positions = tpos.t[side];
+        p->seq_q_start = tqs.t[side];
+        p->seq_kv_len = tkv.t[side];
+        p->block_table = tbt.t[side];
+        p->kv = pool_view(&pool, side);
+        const berth_status st = hx_op(side, BERTH_OP_ATTENTION, p);
+        ck_assert_msg(st == BERTH_OK, "%s: attention on %s: status %d: %s", dc->name, side ? "cuda" : "cpu", st,
+                      hx_last_error);
+    }
+    hx_sync();
+    const double tol = 2e-5 * fmax(1.0, dc->scale * sqrt((double)dc->D) / 4.0); /* as run_case */
+    char what[400];
+    snprintf(what, sizeof what, "%s: attention output", dc->name);
+    hx_expect_close(&out, tol, tol, what);
+    {
+        float *o = malloc(sizeof(float) * (size_t)dc->DV * (size_t)H * (size_t)T);
+        ck_assert(o);
+        hx_get_f32(&out, HX_GPU, o);
+        for (int s = 0; s < ns; s++)
+            for (int64_t i = (int64_t)s * H * dc->DV; dc->kv_len[s] == 0 && i < (int64_t)(s + 1) * H * dc->DV; i++)
+                ck_assert_msg(o[i] == 0.0f, "%s: seq %d has no keys but out[%lld] = %g", dc->name, s, (long long)i,
+                              (double)o[i]);
+        free(o);
+    }
+
+    if (dc->replays > 0) {
+        const struct hx_side *g = &hx->side[HX_GPU];
+        berth_graph *graph = NULL;
+        ck_assert_msg(g->vt->graph_begin(g->be, g->s) == BERTH_OK, "%s: graph_begin: %s", dc->name, hx_last_error);
+        const berth_status st_op = hx_op(HX_GPU, BERTH_OP_ATTENTION, &ap[HX_GPU]);
+        char op_err[512];
+        snprintf(op_err, sizeof op_err, "%s", hx_last_error);
+        const berth_status st_end = g->vt->graph_end(g->be, g->s, &graph); /* ends the capture even on failure */
+        ck_assert_msg(st_op == BERTH_OK, "%s: attention while recording: status %d: %s", dc->name, st_op, op_err);
+        ck_assert_msg(st_end == BERTH_OK && graph, "%s: graph_end: %s", dc->name, hx_last_error);
+        const int cap = bt_w * dc->bs;
+        for (int r = 0; r < dc->replays; r++) {
+            /* replay 0: every sequence at the table's capacity; 1: random lengths; then short ones (most splits
+             * recorded for the capacity find nothing) with an empty sequence */
+            int len[DEC_MAX_SEQS], mx = 0;
+            for (int s = 0; s < ns; s++) {
+                len[s] = r == 0 ? cap : r == 1 ? rnd(cap + 1) : (s == 0 ? 0 : 1 + rnd(cap < 40 ? cap : 40));
+                mx = len[s] > mx ? len[s] : mx;
+            }
+            dec_set_lengths(dc, bt_w, blocks, len, &tbt, &tkv, &tpos);
+            hx_rand(&q, -0.5f, 0.5f);
+            ck_assert(g->vt->buffer_fill(g->be, g->s, out.buf[HX_GPU], 0, 0xFF, out.bytes) == BERTH_OK);
+            ap[HX_CPU].max_kv_len = mx;
+            const berth_status st = hx_op(HX_CPU, BERTH_OP_ATTENTION, &ap[HX_CPU]);
+            ck_assert_msg(st == BERTH_OK, "%s: replay %d: attention on cpu: %s", dc->name, r, hx_last_error);
+            ck_assert_msg(g->vt->graph_launch(g->be, g->s, graph) == BERTH_OK, "%s: graph_launch: %s", dc->name,
+                          hx_last_error);
+            hx_sync();
+            snprintf(what, sizeof what, "%s: graph replay %d (lengths up to %d of %d)", dc->name, r, mx, cap);
+            hx_expect_close(&out, tol, tol, what);
+        }
+        g->vt->graph_destroy(g->be, graph);
+    }
+
+    hx_free(&q);
+    hx_free(&out);
+    hx_free(&gate);
+    hx_free(&tpos);
+    hx_free(&tqs);
+    hx_free(&tkv);
+    hx_free(&tbt);
+    hx_free(&pool.mem);
+    free(blocks);
+}
+
+/* name, kv dtype, D, DV, n_kvh, n_rep, bs, layout, n_seqs, {kv_len...}, mask, window, scale, softcap, gate, bt_w,
+ * replays */
+static const struct dec_case dec_cases[] = {
+    {"dec E2B sliding d256 bf16 rep8 bs16 window 512: one seq of 44 keys (one block, direct)",
+     BF16, 256, 256, 1, 8, 16, 0, 1, {44}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"dec E2B sliding d256 bf16 rep8 bs16 window 512: one seq of 640 keys (window bites, splits)",
+     BF16, 256, 256, 1, 8, 16, 0, 1, {640}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"dec E2B full d512 bf16 rep8 (two-warp teams): lengths 2000/640/1/0, gate",
+     BF16, 512, 512, 1, 8, 16, 0, 4, {2000, 640, 1, 0}, CAUSAL, 0, 1.0f, 0.0f, 1, 0, 0},
+    {"dec d256 bf16 rep8 window 512, 24 seqs of mixed lengths (fewer splits per seq)",
+     BF16, 256, 256, 1, 8, 16, 0, 24,
+     {700, 0, 1, 17, 64, 65, 300, 511, 512, 513, 90, 640, 33, 200, 5, 450, 600, 129, 2, 48, 256, 257, 380, 16},
+     CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"dec rep16 d128 f16 (4 dims per lane, one warp per team), two KV heads",
+     F16, 128, 128, 2, 16, 16, 0, 3, {300, 77, 1000}, CAUSAL, 0, 0.088388f, 0.0f, 1, 0, 0},
+    {"dec rep16 d256 bf16 (teams of two warps) window 100, softcap",
+     BF16, 256, 256, 1, 16, 32, 1, 2, {500, 150}, CAUSAL, 100, 0.0625f, 20.0f, 0, 0, 0},
+    {"dec rep16 d512/dv510 f32 (teams of four warps), unaligned rows (element copies)",
+     F32, 512, 510, 1, 16, 16, 2, 2, {260, 90}, CAUSAL, 0, 0.0441942f, 0.0f, 1, 0, 0},
+    {"dec rep8 d512/dv320 f32 (two copies per slice) window 200, softcap, gate",
+     F32, 512, 320, 1, 8, 16, 0, 2, {800, 333}, CAUSAL, 200, 0.0441942f, 15.0f, 1, 0, 0},
+    {"dec rep5 d204/dv140 bf16 bs1 (every key its own block), padded head slots (a partial slice)",
+     BF16, 204, 140, 2, 5, 1, 3, 3, {150, 97, 3}, CAUSAL, 0, 0.0700140f, 0.0f, 0, 0, 0},
+    {"dec rep8 d512/dv500 bf16 bs3 unaligned rows, teams of two warps, MASK_NONE",
+     BF16, 512, 500, 1, 8, 3, 2, 2, {120, 47}, NOMASK, 0, 0.0441942f, 0.0f, 0, 0, 0},
+    {"dec rep2 d96 f16 bs8 window 300, many splits over a long row",
+     F16, 96, 96, 3, 2, 8, 0, 2, {1500, 31}, CAUSAL, 300, 0.1020621f, 0.0f, 1, 0, 0},
+    {"dec rep1 d64 bf16 bs16, one KV head per query head, long rows",
+     BF16, 64, 64, 4, 1, 16, 1, 2, {3000, 100}, CAUSAL, 0, 0.125f, 0.0f, 0, 0, 0},
+    /* graph replay (the op recorded with the table's capacity as its bound) */
+    {"graph: E2B sliding d256 bf16 rep8 bs16 window 512, 4 seqs, table of 48 blocks",
+     BF16, 256, 256, 1, 8, 16, 0, 4, {700, 100, 0, 33}, CAUSAL, 512, 1.0f, 0.0f, 0, 48, 3},
+    {"graph: E2B full d512 bf16 rep8 bs16, 2 seqs, table of 40 blocks, gate",
+     BF16, 512, 512, 1, 8, 16, 0, 2, {640, 1}, CAUSAL, 0, 1.0f, 0.0f, 1, 40, 3},
+    {"graph: rep16 d256 f16 bs32 window 64, 3 seqs, table of 4 blocks (one block, direct)",
+     F16, 256, 256, 1, 16, 32, 0, 3, {100, 1, 0}, CAUSAL, 64, 0.0625f, 0.0f, 0, 4, 3},
+};
+#define N_DEC_CASES ((int)(sizeof dec_cases / sizeof dec_cases[0]))
+
+START_TEST(attention_decode_matches_cpu)
+{
+    dec_run(&dec_cases[_i]);
+}
+END_TEST
+
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("cuda_ops_attention");
@@ -589,6 +1066,7 @@ static Suite *make_suite(void)
     tcase_add_loop_test(tc, attention_random_matches_cpu, 0, 8);
     tcase_add_test(tc, kv_append_slot_past_pool_skipped);
     tcase_add_test(tc, attention_supports_limits);
+    tcase_add_loop_test(tc, attention_decode_matches_cpu, 0, N_DEC_CASES);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,0 +1,335 @@
+/*
+ * bench_cuda_attention.c — the CUDA backend's decode attention (ATTENTION with one query row per sequence) on
+ * Gemma 4 E2B shapes: 8 query heads on 1 KV head, bf16 paged cache, block size 16, scale 1; sliding layers (head
+ * dim 256, window 512) and full layers (head dim 512, no window); n_seqs 1, 8, 32, 128; contexts 64, 640, 4096.
+ *
+ * Per shape it prints microseconds per call and the effective bandwidth of the K/V bytes a call must read
+ * (n_seqs x visible keys x (D + DV) x 2 bytes), two ways, both timed by wall clock around stream_sync:
+ *   eager  ITERS calls enqueued back to back, then one stream_sync: per-call time, or the host's launch cost
+ *          when that is larger (it is for the smallest shapes);
+ *   graph  GRAPH_CALLS calls recorded in one graph (launch sizes from the block table's width, as the runner's
+ *          decode graphs), the graph replayed REPLAYS times: per-call device time without host launch costs.
+ * The block table is exactly as wide as the context (the runner rounds widths up to a power of two, which can
+ * make its graphs use more splits than needed). Outputs are checked to be finite.
+ *
+ * Usage: bench_cuda_attention [cuda-plugin.so]   (BENCH_ITERS=N: eager calls per shape, default 200)
+ */
+#include <dlfcn.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <berth/backend.h>
+
+#ifndef CUDA_PLUGIN_PATH
+#define CUDA_PLUGIN_PATH "plugins/berth-backend-cuda.so"
+#endif
+
+#define N_HEADS 8
+#define BLOCK 16
+#define MAX_SEQS 128
+#define MAX_CTX 4096
+#define GRAPH_CALLS 20
+#define REPLAYS 20
+
+static const berth_backend_vtable *vt;
+static const berth_ops *ops;
+static berth_backend *be;
+static berth_stream *st;
+static char last_error[512];
+
+static void host_log(berth_host_ctx *ctx, int32_t level, const char *msg)
+{
+    (void)ctx;
+    if (level <= BERTH_LOG_WARN)
+        fprintf(stderr, "cuda: %s\n", msg);
+}
+static void host_set_error(berth_host_ctx *ctx, berth_status code, const char *msg)
+{
+    (void)ctx;
+    (void)code;
+    snprintf(last_error, sizeof last_error, "%s", msg);
+}
+static const char *host_config_get(berth_host_ctx *ctx, const char *key)
+{
+    (void)ctx;
+    (void)key;
+    return NULL; /* defaults: BF16 compute (attention is fp32 either way) */
+}
+static berth_status host_config_at(berth_host_ctx *ctx, int32_t idx, const char **key, const char **value)
+{
+    (void)ctx;
+    (void)idx;
+    *key = *value = NULL;
+    return BERTH_E_NOT_FOUND;
+}
+
+static void check(berth_status s, const char *what)
+{
+    if (s != BERTH_OK) {
+        fprintf(stderr, "%s: status %d: %s\n", what, (int)s, last_error);
+        exit(1);
+    }
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rand32(void)
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float randf(void) /* [-1, 1) */
+{
+    return (float)(rand32() & 0xffffff) / 8388608.0f - 1.0f;
+}
+
+static berth_buffer *alloc(uint64_t bytes, int32_t usage)
+{
+    berth_buffer *b = NULL;
+    check(vt->buffer_alloc(be, bytes, usage, &b), "buffer_alloc");
+    return b;
+}
+
+static void upload(berth_buffer *b, uint64_t off, const void *data, uint64_t bytes)
+{
+    check(vt->buffer_upload(be, st, b, off, data, bytes), "buffer_upload");
+    check(vt->stream_sync(be, st), "stream_sync");
+}
+
+static berth_tensor tensor(berth_buffer *b, berth_dtype dt, int64_t es, int64_t ne0, int64_t ne1, int64_t ne2)
+{
+    berth_tensor t;
+    memset(&t, 0, sizeof t);
+    t.buf = b;
+    t.dtype = dt;
+    t.ndim = 3;
+    t.ne[0] = ne0, t.ne[1] = ne1, t.ne[2] = ne2, t.ne[3] = 1;
+    t.nb[0] = es, t.nb[1] = es * ne0, t.nb[2] = t.nb[1] * ne1, t.nb[3] = t.nb[2] * ne2;
+    return t;
+}
+
+/* One layer's pool for head dim D: per block [K: BLOCK x D][V: BLOCK x D] bf16 (one KV head), random values. */
+static berth_buffer *make_pool(int D, int n_blocks)
+{
+    const uint64_t bytes = (uint64_t)n_blocks * BLOCK * 2u * (uint64_t)D * 2u;
+    berth_buffer *b = alloc(bytes, BERTH_USAGE_KV);
+    const uint64_t chunk = 8u << 20;
+    uint16_t *h = malloc(chunk);
+    if (!h)
+        exit(1);
+    for (uint64_t i = 0; i < chunk / 2; i++) {
+        const float f = randf();
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        h[i] = (uint16_t)(u >> 16);
+    }
+    for (uint64_t off = 0; off < bytes; off += chunk)
+        upload(b, off, h, bytes - off < chunk ? bytes - off : chunk);
+    free(h);
+    return b;
+}
+
+static double run_eager(const berth_attention_params *p, int iters)
+{
+    for (int i = 0; i < 3; i++)
+        check(ops->attention(be, st, p), "attention (warm-up)");
+    check(vt->stream_sync(be, st), "stream_sync");
+    const double t0 = now();
+    for (int i = 0; i < iters; i++)
+        check(ops->attention(be, st, p), "attention");
+    check(vt->stream_sync(be, st), "stream_sync");
+    return (now() - t0) / iters;
+}
+
+static double run_graph(const berth_attention_params *p)
+{
+    berth_graph *g = NULL;
+    check(vt->graph_begin(be, st), "graph_begin");
+    for (int i = 0; i < GRAPH_CALLS; i++) {
+        const berth_status s = ops->attention(be, st, p);
+        if (s != BERTH_OK) {
+            fprintf(stderr, "attention while recording: %s\n", last_error);
+            (void)vt->graph_end(be, st, &g);
+            exit(1);
+        }
+    }
+    check(vt->graph_end(be, st, &g), "graph_end");
+    check(vt->graph_launch(be, st, g), "graph_launch (warm-up)");
+    check(vt->stream_sync(be, st), "stream_sync");
+    const double t0 = now();
+    for (int i = 0; i < REPLAYS; i++)
+        check(vt->graph_launch(be, st, g), "graph_launch");
+    check(vt->stream_sync(be, st), "stream_sync");
+    const double dt = (now() - t0) / (REPLAYS * GRAPH_CALLS);
+    vt->graph_destroy(be, g);
+    return dt;
+}
+
+int main(int argc, char **argv)
+{
+    const char *path = argc > 1 ? argv[1] : CUDA_PLUGIN_PATH;
+    const char *it_env = getenv("BENCH_ITERS");
+    const int iters = it_env && atoi(it_env) > 0 ? atoi(it_env) : 200;
+    void *so = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!so) {
+        fprintf(stderr, "dlopen %s: %s\n", path, dlerror());
+        return 1;
+    }
+    berth_plugin_entry_fn entry = (berth_plugin_entry_fn)dlsym(so, BERTH_PLUGIN_ENTRY_SYMBOL);
+    if (!entry) {
+        fprintf(stderr, "%s: no %s\n", path, BERTH_PLUGIN_ENTRY_SYMBOL);
+        return 1;
+    }
+    const berth_plugin_desc *d = entry(BERTH_ABI_MAJOR, BERTH_ABI_MINOR);
+    if (!d) {
+        fprintf(stderr, "%s: entry refused ABI %d.%d\n", path, BERTH_ABI_MAJOR, BERTH_ABI_MINOR);
+        return 1;
+    }
+    vt = (const berth_backend_vtable *)d->vtable;
+    static berth_host host;
+    host.struct_size = (uint32_t)BERTH_SIZE_TO(berth_host, config_at);
+    host.abi_major = BERTH_ABI_MAJOR;
+    host.abi_minor = BERTH_ABI_MINOR;
+    host.host_version = "bench-cuda-attention";
+    host.services = BERTH_SVC_LOG | BERTH_SVC_CONFIG;
+    host.log = host_log;
+    host.set_error = host_set_error;
+    host.config_get = host_config_get;
+    host.config_at = host_config_at;
+    berth_probe_info pi;
+    memset(&pi, 0, sizeof pi);
+    pi.struct_size = sizeof pi;
+    check(vt->probe(&host, &pi), "probe");
+    if (pi.n_devices < 1) {
+        printf("no CUDA device: %s\n", pi.message);
+        return 77;
+    }
+    berth_device_info di;
+    memset(&di, 0, sizeof di);
+    di.struct_size = sizeof di;
+    check(vt->device_info(&host, 0, &di), "device_info");
+    check(vt->init(&host, 0, &be), "init");
+    ops = vt->get_ops(be);
+    check(vt->stream_create(be, &st), "stream_create");
+    printf("%s, %d SMs: decode attention, %d query heads / 1 KV head, bf16 KV, block %d\n", di.name,
+           (int)di.compute_units, N_HEADS, BLOCK);
+
+    static const int seqs_list[] = {1, 8, 32, 128};
+    static const int ctx_list[] = {64, 640, 4096};
+    static const int dims[] = {256, 512};
+    const int n_blocks = MAX_SEQS * (MAX_CTX / BLOCK);
+    int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    int32_t *host_i = malloc(sizeof(int32_t) * (size_t)n_blocks);
+    float *host_q = malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS);
+    float *host_o = malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS);
+    if (!perm || !host_i || !host_q || !host_o)
+        return 1;
+    for (int i = 0; i < n_blocks; i++)
+        perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) { /* scattered blocks, as a real pool after a while */
+        const int j = (int)(rand32() % (uint32_t)(i + 1)), t = perm[i];
+        perm[i] = perm[j], perm[j] = t;
+    }
+    berth_buffer *qb = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *ob = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *posb = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *qsb = alloc(4u * (MAX_SEQS + 1), BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *kvb = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *btb = alloc(4u * (uint64_t)n_blocks, BERTH_USAGE_ACTIVATIONS);
+    for (int i = 0; i < 512 * N_HEADS * MAX_SEQS; i++)
+        host_q[i] = 0.5f * randf();
+    upload(qb, 0, host_q, sizeof(float) * 512u * N_HEADS * MAX_SEQS);
+    for (int i = 0; i <= MAX_SEQS; i++)
+        host_i[i] = i;
+    upload(qsb, 0, host_i, 4u * (MAX_SEQS + 1));
+
+    int bad = 0;
+    for (int di_ = 0; di_ < 2; di_++) {
+        const int D = dims[di_], window = D == 256 ? 512 : 0;
+        berth_buffer *pool = make_pool(D, n_blocks);
+        printf("\nhead dim %d, %s\n", D, window ? "sliding window 512" : "no window");
+        printf("  seqs    ctx |   eager us   GB/s |   graph us   GB/s | K/V MB\n");
+        for (int si = 0; si < 4; si++) {
+            for (int ci = 0; ci < 3; ci++) {
+                const int n = seqs_list[si], ctx = ctx_list[ci], bt_w = ctx / BLOCK;
+                for (int s = 0; s < n; s++)
+                    host_i[s] = ctx - 1;
+                upload(posb, 0, host_i, 4u * (uint64_t)n);
+                for (int s = 0; s < n; s++)
+                    host_i[s] = ctx;
+                upload(kvb, 0, host_i, 4u * (uint64_t)n);
+                for (int s = 0; s < n; s++)
+                    for (int b = 0; b < bt_w; b++)
+                        host_i[s * bt_w + b] = perm[s * (MAX_CTX / BLOCK) + b];
+                upload(btb, 0, host_i, 4u * (uint64_t)n * (uint64_t)bt_w);
+
+                berth_attention_params p;
+                memset(&p, 0, sizeof p);
+                p.struct_size = sizeof p;
+                p.mask = BERTH_MASK_CAUSAL;
+                p.window = window;
+                p.scale = 1.0f;
+                p.n_seqs = n;
+                p.max_q_len = 1;
+                p.max_kv_len = ctx;
+                p.q = tensor(qb, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
+                p.out = tensor(ob, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
+                p.positions = tensor(posb, BERTH_DTYPE_I32, 4, n, 1, 1);
+                p.seq_q_start = tensor(qsb, BERTH_DTYPE_I32, 4, n + 1, 1, 1);
+                p.seq_kv_len = tensor(kvb, BERTH_DTYPE_I32, 4, n, 1, 1);
+                p.block_table = tensor(btb, BERTH_DTYPE_I32, 4, bt_w, n, 1);
+                berth_kv_view *kv = &p.kv;
+                kv->k_buf = kv->v_buf = pool;
+                kv->k_offset = 0;
+                kv->v_offset = (uint64_t)BLOCK * (uint64_t)D * 2u;
+                kv->block_stride = (uint64_t)BLOCK * 2u * (uint64_t)D * 2u;
+                kv->token_stride = kv->head_stride = (uint64_t)D * 2u;
+                kv->v_token_stride = kv->v_head_stride = (uint64_t)D * 2u;
+                kv->dtype = BERTH_DTYPE_BF16;
+                kv->block_size = BLOCK;
+                kv->n_blocks = n_blocks;
+                kv->n_kv_heads = 1;
+                kv->head_dim = kv->head_dim_v = D;
+
+                const int visible = window > 0 && window < ctx ? window : ctx;
+                const double bytes = (double)n * visible * (2.0 * D) * 2.0;
+                const double te = run_eager(&p, iters);
+                const double tg = run_graph(&p);
+                check(vt->buffer_download(be, st, ob, 0, host_o, sizeof(float) * (uint64_t)D * N_HEADS * n),
+                      "buffer_download");
+                check(vt->stream_sync(be, st), "stream_sync");
+                int nonfinite = 0;
+                for (int i = 0; i < D * N_HEADS * n; i++)
+                    nonfinite += !isfinite(host_o[i]);
+                bad += nonfinite;
+                printf("  %4d %6d | %10.2f %6.0f | %10.2f %6.0f | %7.2f%s\n", n, ctx, te * 1e6, bytes / te * 1e-9,
+                       tg * 1e6, bytes / tg * 1e-9, bytes / 1e6, nonfinite ? "  NON-FINITE OUTPUT" : "");
+                fflush(stdout);
+            }
+        }
+        vt->buffer_free(be, pool);
+    }
+    vt->buffer_free(be, qb);
+    vt->buffer_free(be, ob);
+    vt->buffer_free(be, posb);
+    vt->buffer_free(be, qsb);
+    vt->buffer_free(be, kvb);
+    vt->buffer_free(be, btb);
+    vt->stream_destroy(be, st);
+    vt->destroy(be);
+    free(perm);
+    free(host_i);
+    free(host_q);
+    free(host_o);
+    return bad ? 1 : 0;
+}
