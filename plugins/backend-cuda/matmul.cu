@@ -13,6 +13,8 @@
  *    bf16/f16 are widened in registers (a shift or cvt), never converted up front. Rows of w that are not 16-byte
  *    aligned (odd K, K not a multiple of 16 bytes, odd offsets) take the same kernel with scalar loads; x rows
  *    that are not 16-byte aligned are gathered into the workspace first (M*K floats).
+ *  - Batched decode (9 <= M <= 64, bf16 mode, bf16/f16 weights, BERTH_CUDA_SKINNY=1) is still weight bound and
+ *    goes to the weight-streaming tensor-core kernel of matmul_skinny.cu where its layout rules allow.
  *  - Larger M is compute bound: cuBLAS. In bf16 compute mode, bf16/f16 weights stay as stored and x is rounded to
  *    the weight dtype into the stream workspace, then a tensor-core GEMM with fp32 output and fp32 accumulation;
  *    f32 weights use CUBLAS_COMPUTE_32F_FAST_16BF. In fp32 mode f32 weights use CUBLAS_COMPUTE_32F (the handle
@@ -44,6 +46,11 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <string.h>
+
+/* matmul_skinny.cu: the weight-streaming tensor-core kernel for 9 <= M <= 64 (bf16 mode, opt-in); *ran false
+ * when it does not apply (nothing enqueued). */
+berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
+                              int64_t K, bool *ran);
 
 #define MM_GEMV_MAX_M 8                  /* M up to this uses the GEMV kernel in both compute modes */
 #define MM_THREADS 256                   /* GEMV block size */
@@ -696,5 +703,9 @@ berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul
         return BERTH_OK;
     if (M <= MM_GEMV_MAX_M)
         return mm_gemv(be, s, p, M, N, K);
+    bool ran = false; /* matmul_skinny.cu: batched-decode M in bf16 mode; when it declines, cuBLAS */
+    const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
+    if (st != BERTH_OK || ran)
+        return st;
     return mm_blas(be, s, p, M, N, K);
 }

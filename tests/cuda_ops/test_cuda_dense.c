@@ -6,7 +6,9 @@
  *  - matmul: |y| is about sqrt(K)/3 for inputs in [-1, 1]; the fp32 bound is atol 1e-5 * sqrt(K) (about 3e-5 of
  *    |y|) plus rtol 1e-5. In bf16 compute mode (HX_COMPUTE=bf16), M > 8 runs on the tensor cores with x (and f32
  *    weights) rounded to bf16, 2^-9 relative each: the error of y is about 5e-4 * sqrt(K) rms, so those cases
- *    use atol 6e-3 * sqrt(K) (about 10 sigma), rtol 0. M <= 8 is the fp32 GEMV in both modes.
+ *    use atol 6e-3 * sqrt(K) (about 10 sigma), rtol 0. M <= 8 is the fp32 GEMV in both modes. Test
+ *    cuda_ops_dense_skinny runs this file in bf16 mode with BERTH_CUDA_SKINNY=1: 9 <= M <= 64 with bf16/f16 w and
+ *    K a multiple of 8 then runs matmul_skinny.cu's kernel (x rounded to the weight dtype: the same bound).
  *  - elementwise ops, norms, rope: atol 1e-6, rtol 1e-5 (libm vs CUDA's precise functions differ by an ulp or two;
  *    the CPU's vector exp/tanh by ~2 ulp).
  *  - copy: exact (round to nearest even on both sides).
@@ -123,6 +125,16 @@ static const struct mm_case mm_cases[] = {
     {8, 264, 33, BF16, 0, 0, XV_3D, 0},     {64, 264, 33, BF16, 1 + F32, 0, XV_3D, 0},
     {64, 77, 33, F16, 0, 1, XV_3D, 0},      {4, 264, 33, BF16, 1 + F32, 1, 0, 1},
     {64, 264, 33, BF16, 0, 1, XV_PADDED, 1}, {64, 264, 33, F16, 1 + BF16, 0, 0, 1},
+    /* batched decode, 9 <= M <= 64 with K a multiple of 8 (matmul_skinny.cu when BERTH_CUDA_SKINNY=1 in bf16 mode,
+     * else cuBLAS): every m16-tile count (M = 9..16, 17..32, 33..48, 49..64), split-K (N / 128 blocks short of a
+     * wave) and one split (N = 40000; K < 192), a K tail shorter than one 64-column tile (K = 40, 136, 264), odd N,
+     * bias, accumulate, unaligned / 3-D x (4-byte x loads) and padded y */
+    {16, 1536, 2560, BF16, 0, 0, 0, 0},             {32, 1536, 2560, BF16, 1 + F32, 0, 0, 0},
+    {64, 1536, 256, BF16, 1 + F32, 1, 0, 0},         {48, 4096, 1536, BF16, 0, 0, 0, 0},
+    {17, 6144, 1536, F16, 1 + F32, 1, 0, 0},         {33, 264, 257, F16, 1 + BF16, 1, XV_PADDED, 1},
+    {16, 256, 1536, BF16, 0, 1, XV_3D, 0},           {24, 40, 300, BF16, 0, 0, 0, 0},
+    {9, 264, 40000, BF16, 1 + F32, 1, 0, 0},         {32, 264, 1001, BF16, 0, 1, XV_PADDED, 1},
+    {56, 136, 999, F16, 1 + BF16, 1, XV_PADDED, 0},
 };
 #define N_MM_CASES ((int)(sizeof mm_cases / sizeof mm_cases[0]))
 
