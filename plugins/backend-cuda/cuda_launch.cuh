@@ -21,7 +21,8 @@
  *     free SM resources and promises nothing about memory, so the next kernel's own wait still orders everything.
  *     Since a kernel's successor can launch only once every block of the kernel has started (or exited), at most
  *     one grid is ever waiting for SM resources and the early launches cannot starve an earlier grid.
- * Kernels launched with <<<>>> (attention.cu, sample.cu, cuBLAS) are unaffected: a normal launch still waits for
+ * Kernels launched with <<<>>> (attention.cu's prefill and plan kernels, sample.cu, cuBLAS; the decode attention
+ * kernels use cu_launch) are unaffected: a normal launch still waits for
  * its predecessor's full completion, and a PDL launch after a kernel that never triggers starts when that
  * kernel's warps have finished (griddepcontrol.wait still waits for the memory flush).
  *
