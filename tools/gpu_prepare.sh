@@ -1,0 +1,28 @@
+#!/bin/sh
+# gpu_prepare.sh — on the development machine: build the folder the lent GPU machine runs (tools/gpu_run.sh) and
+# fill .devcarry/ (git-ignored) with what that machine lacks. Then call the device tool with
+# carry = ["build-gpu", ".devcarry"] and the command `bash tools/gpu_run.sh tests` (or bench, or shell '...').
+#
+#   tools/gpu_prepare.sh            # BUILD_DIR (default build-gpu) configured --buildtype=release if absent
+#
+# .devcarry/lib: the shared libraries the GPU image has no package for (inih, pcre2, utf8proc, subunit; jansson
+# too, to be safe), copied from this machine (Debian 12: glibc 2.36 <= the GPU image's 2.39, so they load there).
+# .devcarry/COMMIT: the commit the build was made from (the logs name it). BUILD_DIR/tests.json: `meson
+# introspect --tests`, which tools/run_tests_json.py runs there (that machine's meson may be another version).
+set -eu
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+build=${BUILD_DIR:-build-gpu}
+export PATH="/usr/local/cuda/bin:$PATH"
+[ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
+ninja -C "$build"
+meson introspect "$build" --tests > "$build/tests.json"
+mkdir -p .devcarry/lib
+for l in libinih.so.1 libjansson.so.4 libpcre2-8.so.0 libsubunit.so.0 libutf8proc.so.2; do
+    cp -L "/lib/x86_64-linux-gnu/$l" .devcarry/lib/
+done
+commit=$(git rev-parse --short HEAD)
+[ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
+printf '%s' "$commit" > .devcarry/COMMIT
+du -sh "$build" .devcarry
+echo "gpu_prepare: $build and .devcarry ready (commit $commit)"
