@@ -356,6 +356,39 @@ START_TEST(test_sample_greedy_and_top1)
 }
 END_TEST
 
+/* Row values nothing can be sampled with are refused before any work, with the messages the CUDA backend gives
+ * too (the check is shared): min_p > 1 leaves no id to draw (this op used to return id -1), NaN parameters. */
+START_TEST(test_sample_refuses_unusable_rows)
+{
+    const int64_t V = 50;
+    struct sample_run s = sample_run_new(V, 2, 0);
+    trand(&s.logits.t, -3, 3);
+    static const struct {
+        int field; /* 0 min_p, 1 temperature, 2 top_p, 3 presence, 4 frequency */
+        float value;
+        const char *msg;
+    } bad[] = {{0, 1.5f, "sample: row 1 min_p 1.5 must be <= 1"},
+               {0, NAN, "sample: row 1 min_p nan must be <= 1"},
+               {1, NAN, "sample: row 1 temperature is NaN"},
+               {2, NAN, "sample: row 1 top_p is NaN"},
+               {3, NAN, "sample: row 1 presence_penalty is NaN"},
+               {4, NAN, "sample: row 1 frequency_penalty is NaN"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        float temp[2] = {1, 1}, top_p[2] = {1, 1}, min_p[2] = {0, 0}, pres[2] = {0, 0}, freq[2] = {0, 0};
+        float *f[5] = {min_p, temp, top_p, pres, freq};
+        f[bad[i].field][1] = bad[i].value;
+        berth_sample_params p = {.struct_size = sizeof p, .n_rows = 2, .temperature = temp, .top_p = top_p,
+                                 .min_p = min_p, .presence_penalty = pres, .frequency_penalty = freq,
+                                 .logits = s.logits.t, .ids = s.ids.t, .logprob = absent, .top_ids = absent,
+                                 .top_logprobs = absent};
+        g_last_error[0] = '\0';
+        ck_assert_int_eq(ops->sample(be, st, &p), BERTH_E_INVALID);
+        ck_assert_str_eq(g_last_error, bad[i].msg);
+    }
+    sample_run_free(&s);
+}
+END_TEST
+
 /* A row's token depends only on its logits, parameters, seed and counter: not on the rows around it. */
 START_TEST(test_sample_batch_independent)
 {
@@ -434,6 +467,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_philox_known_answers);
     tcase_add_test(tc, test_sample_reference);
     tcase_add_test(tc, test_sample_greedy_and_top1);
+    tcase_add_test(tc, test_sample_refuses_unusable_rows);
     tcase_add_test(tc, test_sample_batch_independent);
     tcase_add_test(tc, test_sample_distribution);
 }

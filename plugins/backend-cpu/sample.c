@@ -363,32 +363,6 @@ static void sample_task(void *arg, int tid, int nth)
     }
 }
 
-/* Host-side per-row parameters and history: validated before any thread uses them. */
-static bool check_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist)
-{
-    *max_hist = 0;
-    for (int32_t r = 0; r < p->n_rows; r++) {
-        if (p->repetition_penalty && !(p->repetition_penalty[r] > 0.0f))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
-                             (double)p->repetition_penalty[r]);
-        if (!p->history_start)
-            continue;
-        const int32_t h0 = p->history_start[r], h1 = p->history_start[r + 1];
-        if (h0 < 0 || h1 < h0)
-            return opck_fail(c, BERTH_E_INVALID, "sample: history_start[%d..%d] = %d, %d is not a valid range", r,
-                             r + 1, h0, h1);
-        if (h1 > h0 && !p->history)
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
-        for (int32_t i = h0; i < h1; i++)
-            if (p->history[i] < 0 || p->history[i] >= V)
-                return opck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")", i,
-                                 p->history[i], V);
-        if (h1 - h0 > *max_hist)
-            *max_hist = h1 - h0;
-    }
-    return true;
-}
-
 berth_status cpu_op_sample(berth_backend *be, berth_stream *s, const berth_sample_params *p)
 {
     CPU_OP_BEGIN(be, sample, p);
@@ -396,7 +370,7 @@ berth_status cpu_op_sample(berth_backend *be, berth_stream *s, const berth_sampl
     struct opck ck = {0};
     int64_t max_hist;
     berth_status st = BERTH_OK;
-    if (!check_sample_rows(&ck, p, V, &max_hist)) {
+    if (!opck_sample_rows(&ck, p, V, &max_hist)) {
         st = cpu_report(be, &ck);
     } else {
         st = cpu_scratch_threads(be, (size_t)(4 * V + max_hist) * sizeof(float));

@@ -684,42 +684,6 @@ static int32_t smp_penalty_len(const berth_sample_params *p, int32_t r)
     return n > 0 ? n : 0;
 }
 
-/* The host arrays, checked before anything is enqueued: the CPU backend's execution-time checks with its
- * messages, then values no backend can sample with (NaN parameters; min_p > 1 leaves no survivor). */
-static bool smp_check_rows(struct opck *c, const berth_sample_params *p, int64_t V)
-{
-    for (int32_t r = 0; r < p->n_rows; r++) {
-        if (p->repetition_penalty && !(p->repetition_penalty[r] > 0.0f))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
-                             (double)p->repetition_penalty[r]);
-        if (!p->history_start)
-            continue;
-        const int32_t h0 = p->history_start[r], h1 = p->history_start[r + 1];
-        if (h0 < 0 || h1 < h0)
-            return opck_fail(c, BERTH_E_INVALID, "sample: history_start[%d..%d] = %d, %d is not a valid range", r,
-                             r + 1, h0, h1);
-        if (h1 > h0 && !p->history)
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
-        for (int32_t i = h0; i < h1; i++)
-            if (p->history[i] < 0 || p->history[i] >= V)
-                return opck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")",
-                                 i, p->history[i], V);
-    }
-    for (int32_t r = 0; r < p->n_rows; r++) {
-        if (p->temperature && isnan(p->temperature[r]))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d temperature is NaN", r);
-        if (p->top_p && isnan(p->top_p[r]))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d top_p is NaN", r);
-        if (p->min_p && (isnan(p->min_p[r]) || p->min_p[r] > 1.0f))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d min_p %g must be <= 1", r, (double)p->min_p[r]);
-        if (p->presence_penalty && isnan(p->presence_penalty[r]))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d presence_penalty is NaN", r);
-        if (p->frequency_penalty && isnan(p->frequency_penalty[r]))
-            return opck_fail(c, BERTH_E_INVALID, "sample: row %d frequency_penalty is NaN", r);
-    }
-    return true;
-}
-
 bool cu_check_sample(const berth_backend *be, struct opck *c, const berth_sample_params *p)
 {
     (void)be;
@@ -744,7 +708,8 @@ berth_status cu_op_sample(berth_backend *be, berth_stream *s, const berth_sample
     struct opck ck = {};
     ck.exec = 1;
     ck.be = &be->ck;
-    if (!smp_check_rows(&ck, p, V))
+    int64_t max_hist = 0;
+    if (!opck_sample_rows(&ck, p, V, &max_hist)) /* the host arrays, before anything is enqueued */
         return cu_fail(be->host, ck.code, "%s", ck.msg);
     if (R <= 0)
         return BERTH_OK;

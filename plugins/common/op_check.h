@@ -95,6 +95,11 @@ bool opck_gated_delta(struct opck *c, const berth_gated_delta_params *p);
 bool opck_gated_rms_norm(struct opck *c, const berth_gated_rms_norm_params *p);
 bool opck_log_softmax_topk(struct opck *c, const berth_log_softmax_topk_params *p);
 bool opck_sample(struct opck *c, const berth_sample_params *p);
+/* sample's per-row HOST arrays (they are host-visible on every backend, so both check them the same way before
+ * any work): repetition penalties > 0, history ranges and ids in [0, V), and values no backend can sample with
+ * (NaN temperature / top_p / penalties, min_p NaN or > 1: nothing would survive to be drawn). *max_hist = the
+ * longest row history. Execution only. */
+bool opck_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist);
 
 #ifdef __cplusplus
 }

@@ -7,6 +7,7 @@
  * they need tensor contents, which each backend validates itself while executing.
  */
 #include <inttypes.h>
+#include <math.h>
 
 #include "op_check.h"
 
@@ -484,6 +485,43 @@ bool opck_sample(struct opck *c, const berth_sample_params *p)
             if (outs[i]->ne[0] != p->n_top || outs[i]->ne[1] != R || outs[i]->ne[2] != 1 || outs[i]->ne[3] != 1)
                 return opck_fail(c, BERTH_E_INVALID, "sample: %s must be ne {n_top %d, R %" PRId64 "}",
                                  i ? "top_logprobs" : "top_ids", p->n_top, R);
+    }
+    return true;
+}
+
+bool opck_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist)
+{
+    *max_hist = 0;
+    for (int32_t r = 0; r < p->n_rows; r++) {
+        if (p->repetition_penalty && !(p->repetition_penalty[r] > 0.0f))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
+                             (double)p->repetition_penalty[r]);
+        if (!p->history_start)
+            continue;
+        const int32_t h0 = p->history_start[r], h1 = p->history_start[r + 1];
+        if (h0 < 0 || h1 < h0)
+            return opck_fail(c, BERTH_E_INVALID, "sample: history_start[%d..%d] = %d, %d is not a valid range", r,
+                             r + 1, h0, h1);
+        if (h1 > h0 && !p->history)
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
+        for (int32_t i = h0; i < h1; i++)
+            if (p->history[i] < 0 || p->history[i] >= V)
+                return opck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")", i,
+                                 p->history[i], V);
+        if (h1 - h0 > *max_hist)
+            *max_hist = h1 - h0;
+    }
+    for (int32_t r = 0; r < p->n_rows; r++) {
+        if (p->temperature && isnan(p->temperature[r]))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d temperature is NaN", r);
+        if (p->top_p && isnan(p->top_p[r]))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d top_p is NaN", r);
+        if (p->min_p && (isnan(p->min_p[r]) || p->min_p[r] > 1.0f))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d min_p %g must be <= 1", r, (double)p->min_p[r]);
+        if (p->presence_penalty && isnan(p->presence_penalty[r]))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d presence_penalty is NaN", r);
+        if (p->frequency_penalty && isnan(p->frequency_penalty[r]))
+            return opck_fail(c, BERTH_E_INVALID, "sample: row %d frequency_penalty is NaN", r);
     }
     return true;
 }
