@@ -134,6 +134,19 @@ static void drop_graphs(struct runner *r)
     }
 }
 
+/* The heap copies of the step metadata (alloc_meta); gone once the pinned mirrors take their place. */
+static void free_host_meta(struct runner *r)
+{
+    free(r->h_tokens);
+    free(r->h_positions);
+    free(r->h_q_start);
+    free(r->h_kv_len);
+    free(r->h_logit_rows);
+    free(r->h_state_slots);
+    free(r->h_table);
+    free(r->h_slots);
+}
+
 static void setup_staging(struct runner *r, uint64_t bytes);
 static berth_status stage_select(struct runner *r);
 
@@ -235,14 +248,7 @@ static void setup_staging(struct runner *r, uint64_t bytes)
         r->stage_ptr[k] = p;
         r->stage_used_at[k] = -1;
     }
-    free(r->h_tokens);
-    free(r->h_positions);
-    free(r->h_q_start);
-    free(r->h_kv_len);
-    free(r->h_logit_rows);
-    free(r->h_state_slots);
-    free(r->h_table);
-    free(r->h_slots);
+    free_host_meta(r);
     r->staged = 1;
     r->stage_cur = 1;
     (void)stage_select(r); /* cannot fail: no mirror was used yet */
@@ -420,16 +426,7 @@ void runner_free(struct runner *r)
     free(r->gb);
     for (int k = 0; k < 2; k++)
         if (r->stage[k]) be->vt->buffer_free(be->be, r->stage[k]);
-    if (!r->staged) { /* else they point into the mirrors (their heap copies went at setup) */
-        free(r->h_tokens);
-        free(r->h_positions);
-        free(r->h_q_start);
-        free(r->h_kv_len);
-        free(r->h_logit_rows);
-        free(r->h_state_slots);
-        free(r->h_table);
-        free(r->h_slots);
-    }
+    if (!r->staged) free_host_meta(r); /* else they point into the mirrors (their heap copies went at setup) */
     free(r->spans);
     free(r);
 }
