@@ -128,6 +128,35 @@ static inline int64_t cu_nrows(const berth_tensor *t)
 {
     return t->ne[1] * t->ne[2] * t->ne[3];
 }
+/* The rows of a tensor (flattened over ne[1..3], ne[1] fastest) as a kernel argument: row i starts at
+ * base + cu_row_off(r, i). Each row is element-contiguous (nb[0] = element size). */
+struct cu_rows {
+    char *base;
+    int64_t ne1, ne2, nb1, nb2, nb3;
+};
+static inline cu_rows cu_rows_of(const berth_tensor *t)
+{
+    cu_rows r;
+    r.base = cu_ptr(t);
+    r.ne1 = t->ne[1];
+    r.ne2 = t->ne[2];
+    r.nb1 = t->nb[1];
+    r.nb2 = t->nb[2];
+    r.nb3 = t->nb[3];
+    return r;
+}
+static __host__ __device__ __forceinline__ int64_t cu_row_off(const cu_rows &r, int64_t i)
+{
+    const int64_t i1 = i % r.ne1;
+    i /= r.ne1;
+    const int64_t i2 = i % r.ne2;
+    const int64_t i3 = i / r.ne2;
+    return i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
+}
+static __host__ __device__ __forceinline__ char *cu_row(const cu_rows &r, int64_t i)
+{
+    return r.base + cu_row_off(r, i);
+}
 /* Rows of t are evenly spaced (a single stride nb[1] walks all of ne[1]*ne[2]*ne[3] rows). */
 static inline bool cu_rows_uniform(const berth_tensor *t)
 {

@@ -14,32 +14,6 @@
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
 
-/* Rows of a tensor (flattened over ne[1..3], ne[1] fastest), each row element-contiguous. */
-struct ew_rows {
-    char *base;
-    int64_t ne1, ne2, nb1, nb2, nb3;
-};
-
-static ew_rows ew_rows_of(const berth_tensor *t)
-{
-    ew_rows r;
-    r.base = cu_ptr(t);
-    r.ne1 = t->ne[1];
-    r.ne2 = t->ne[2];
-    r.nb1 = t->nb[1];
-    r.nb2 = t->nb[2];
-    r.nb3 = t->nb[3];
-    return r;
-}
-
-static __device__ __forceinline__ char *ew_row(const ew_rows &r, int64_t i)
-{
-    const int64_t i1 = i % r.ne1;
-    i /= r.ne1;
-    const int64_t i2 = i % r.ne2;
-    const int64_t i3 = i / r.ne2;
-    return r.base + i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
-}
 
 /* Launch shape over ne0 columns and `rows` rows (both > 0). */
 struct ew_launch {
@@ -70,7 +44,7 @@ static ew_launch ew_shape(int64_t ne0, int64_t rows)
 // must still not read outside the table, so that row of y is written as zeros.
 
 __global__ void ew_get_rows_kernel(const char *table, int64_t tnb1, int tdt, int64_t D, int64_t N,
-                                   const int32_t *ids, int64_t T, const ew_rows y, float scale)
+                                   const int32_t *ids, int64_t T, const cu_rows y, float scale)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
@@ -78,7 +52,7 @@ __global__ void ew_get_rows_kernel(const char *table, int64_t tnb1, int tdt, int
         const int32_t id = ids[t];
         const bool ok = id >= 0 && (int64_t)id < N;
         const char *src = table + (ok ? (int64_t)id : 0) * tnb1;
-        float *yr = (float *)ew_row(y, t);
+        float *yr = (float *)cu_row(y, t);
         EW_FOR_COLS(i, D) yr[i] = ok ? scale * cu_ld(src, tdt, i) : 0.0f;
     }
 }
@@ -99,7 +73,7 @@ berth_status cu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get_
     const char *table = cu_ptr(&p->table);
     const cudaError_t e = cu_launch(be, s->cs, l.grid, l.block, 0, ew_get_rows_kernel, table, p->table.nb[1],
                                     (int)p->table.dtype, D, p->table.ne[1], (const int32_t *)cu_ptr(&p->ids), T,
-                                    ew_rows_of(&p->y), p->scale);
+                                    cu_rows_of(&p->y), p->scale);
     return cu_check(be, e, "get_rows kernel");
 }
 
@@ -107,14 +81,14 @@ berth_status cu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get_
 // unary: y = out_scale * f(in_scale * x). The activation is a template argument so each kernel is one formula.
 
 template <int ACT>
-__global__ void ew_unary_kernel(const ew_rows x, const ew_rows y, int64_t n, int64_t rows, float in_scale,
+__global__ void ew_unary_kernel(const cu_rows x, const cu_rows y, int64_t n, int64_t rows, float in_scale,
                                 float out_scale)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
-        const float *xr = (const float *)ew_row(x, r);
-        float *yr = (float *)ew_row(y, r);
+        const float *xr = (const float *)cu_row(x, r);
+        float *yr = (float *)cu_row(y, r);
         EW_FOR_COLS(i, n) yr[i] = out_scale * cu_act(ACT, in_scale * xr[i]);
     }
 }
@@ -149,7 +123,7 @@ berth_status cu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_p
     if (n == 0 || rows == 0)
         return BERTH_OK;
     const ew_launch l = ew_shape(n, rows);
-    const ew_rows x = ew_rows_of(&p->x), y = ew_rows_of(&p->y);
+    const cu_rows x = cu_rows_of(&p->x), y = cu_rows_of(&p->y);
     const cudaStream_t cs = s->cs;
     cudaError_t e = cudaSuccess;
     ew_with_act(p->act, [&]<int ACT>() {
@@ -162,14 +136,14 @@ berth_status cu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_p
 // glu: y = f(gate) * up
 
 template <int ACT>
-__global__ void ew_glu_kernel(const ew_rows gate, const ew_rows up, const ew_rows y, int64_t n, int64_t rows)
+__global__ void ew_glu_kernel(const cu_rows gate, const cu_rows up, const cu_rows y, int64_t n, int64_t rows)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
-        const float *gr = (const float *)ew_row(gate, r);
-        const float *ur = (const float *)ew_row(up, r);
-        float *yr = (float *)ew_row(y, r);
+        const float *gr = (const float *)cu_row(gate, r);
+        const float *ur = (const float *)cu_row(up, r);
+        float *yr = (float *)cu_row(y, r);
         EW_FOR_COLS(i, n) yr[i] = cu_act(ACT, gr[i]) * ur[i];
     }
 }
@@ -187,7 +161,7 @@ berth_status cu_op_glu(berth_backend *be, berth_stream *s, const berth_glu_param
     if (n == 0 || rows == 0)
         return BERTH_OK;
     const ew_launch l = ew_shape(n, rows);
-    const ew_rows g = ew_rows_of(&p->gate), u = ew_rows_of(&p->up), y = ew_rows_of(&p->y);
+    const cu_rows g = cu_rows_of(&p->gate), u = cu_rows_of(&p->up), y = cu_rows_of(&p->y);
     const cudaStream_t cs = s->cs;
     cudaError_t e = cudaSuccess;
     ew_with_act(p->act,
@@ -204,7 +178,7 @@ struct ew_bcast {
 };
 
 template <int OP>
-__global__ void ew_binary_kernel(const ew_rows a, const ew_bcast b, int bdt, const ew_rows y, int64_t n,
+__global__ void ew_binary_kernel(const cu_rows a, const ew_bcast b, int bdt, const cu_rows y, int64_t n,
                                  int64_t rows, float scale)
 {
     cu_pdl_trigger();
@@ -212,8 +186,8 @@ __global__ void ew_binary_kernel(const ew_rows a, const ew_bcast b, int bdt, con
     EW_FOR_ROWS(r, rows) {
         const int64_t i1 = r % a.ne1, i2 = r / a.ne1 % a.ne2, i3 = r / a.ne1 / a.ne2;
         const char *br = b.base + i1 * b.nb1 + i2 * b.nb2 + i3 * b.nb3;
-        const float *ar = (const float *)ew_row(a, r);
-        float *yr = (float *)ew_row(y, r);
+        const float *ar = (const float *)cu_row(a, r);
+        float *yr = (float *)cu_row(y, r);
         EW_FOR_COLS(i, n)
         {
             const float bv = cu_ld(br + i * b.nb0, bdt, 0);
@@ -241,7 +215,7 @@ berth_status cu_op_binary(berth_backend *be, berth_stream *s, const berth_binary
     b.nb2 = p->b.ne[2] == 1 ? 0 : p->b.nb[2];
     b.nb3 = p->b.ne[3] == 1 ? 0 : p->b.nb[3];
     const ew_launch l = ew_shape(n, rows);
-    const ew_rows ar = ew_rows_of(&p->a), yr = ew_rows_of(&p->y);
+    const cu_rows ar = cu_rows_of(&p->a), yr = cu_rows_of(&p->y);
     const int bdt = p->b.dtype;
     const float sc = p->scale;
     const cudaError_t e =
@@ -254,13 +228,13 @@ berth_status cu_op_binary(berth_backend *be, berth_stream *s, const berth_binary
 // ---------------------------------------------------------------------------------------------------------------
 // copy: y = x converted between f32, bf16 and f16 (round to nearest even), any outer strides on both sides.
 
-__global__ void ew_copy_kernel(const ew_rows x, int xdt, const ew_rows y, int ydt, int64_t n, int64_t rows)
+__global__ void ew_copy_kernel(const cu_rows x, int xdt, const cu_rows y, int ydt, int64_t n, int64_t rows)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     EW_FOR_ROWS(r, rows) {
-        const char *xr = ew_row(x, r);
-        char *yr = ew_row(y, r);
+        const char *xr = cu_row(x, r);
+        char *yr = cu_row(y, r);
         EW_FOR_COLS(i, n) cu_st(yr, ydt, i, cu_ld(xr, xdt, i)); /* exact for equal dtypes: widening is exact */
     }
 }
@@ -278,7 +252,7 @@ berth_status cu_op_copy(berth_backend *be, berth_stream *s, const berth_copy_par
     if (n == 0 || rows == 0)
         return BERTH_OK;
     const ew_launch l = ew_shape(n, rows);
-    const cudaError_t e = cu_launch(be, s->cs, l.grid, l.block, 0, ew_copy_kernel, ew_rows_of(&p->x),
-                                    (int)p->x.dtype, ew_rows_of(&p->y), (int)p->y.dtype, n, rows);
+    const cudaError_t e = cu_launch(be, s->cs, l.grid, l.block, 0, ew_copy_kernel, cu_rows_of(&p->x),
+                                    (int)p->x.dtype, cu_rows_of(&p->y), (int)p->y.dtype, n, rows);
     return cu_check(be, e, "copy kernel");
 }

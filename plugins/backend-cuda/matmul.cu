@@ -60,33 +60,6 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
  * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. */
 #define MM_MIN_BLOCKS(MB) ((MB) == 1 ? 5 : (MB) == 2 ? 4 : 2)
 
-/* Rows of a tensor: row r (flattened over ne[1..3], ne[1] fastest) starts at base + mm_row_off(r). */
-struct mm_rows {
-    char *base;
-    int64_t ne1, ne2, nb1, nb2, nb3;
-};
-
-static mm_rows mm_rows_of(const berth_tensor *t)
-{
-    mm_rows r;
-    r.base = cu_ptr(t);
-    r.ne1 = t->ne[1];
-    r.ne2 = t->ne[2];
-    r.nb1 = t->nb[1];
-    r.nb2 = t->nb[2];
-    r.nb3 = t->nb[3];
-    return r;
-}
-
-static __host__ __device__ __forceinline__ int64_t mm_row_off(const mm_rows &r, int64_t i)
-{
-    const int64_t i1 = i % r.ne1;
-    i /= r.ne1;
-    const int64_t i2 = i % r.ne2;
-    const int64_t i3 = i / r.ne2;
-    return i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
-}
-
 static int64_t mm_round_up(int64_t v, int64_t to)
 {
     return (v + to - 1) / to * to;
@@ -376,25 +349,25 @@ static cudaError_t mm_gemv_launch_w(berth_backend *be, int mb, bool vec, unsigne
 // Helper kernels of both paths.
 
 /* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). */
-__global__ void mm_pack_x_kernel(const mm_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
+__global__ void mm_pack_x_kernel(const cu_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
-        const float *xr = (const float *)(x.base + mm_row_off(x, m));
+        const float *xr = (const float *)(x.base + cu_row_off(x, m));
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x)
             cu_st(out, out_dt, m * ldo + k, xr[k]);
     }
 }
 
 /* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n] + tmp[m*ldt + n], bias and tmp each optional (NULL). */
-__global__ void mm_epilogue_kernel(const mm_rows y, int64_t M, int64_t N, const float *tmp, int64_t ldt,
+__global__ void mm_epilogue_kernel(const cu_rows y, int64_t M, int64_t N, const float *tmp, int64_t ldt,
                                    const void *bias, int bias_dt, int accumulate)
 {
     cu_pdl_trigger();
     cu_pdl_wait();
     for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
-        float *yr = (float *)(y.base + mm_row_off(y, m));
+        float *yr = (float *)(y.base + cu_row_off(y, m));
         for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
             float v = accumulate ? yr[n] : 0.0f;
             if (bias)
@@ -430,7 +403,7 @@ static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_te
 {
     dim3 grid;
     mm_grid2(K, M, &grid);
-    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, mm_rows_of(x), M, K, out, ldo,
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, cu_rows_of(x), M, K, out, ldo,
                                     out_dt);
     return cu_check(be, e, "matmul: pack_x kernel");
 }
@@ -441,7 +414,7 @@ static berth_status mm_epilogue(berth_backend *be, berth_stream *s, const berth_
     dim3 grid;
     mm_grid2(N, M, &grid);
     const void *bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
-    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_epilogue_kernel, mm_rows_of(&p->y), M, N, tmp,
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_epilogue_kernel, cu_rows_of(&p->y), M, N, tmp,
                                     ldt, bias, (int)p->bias.dtype, (int)p->accumulate);
     return cu_check(be, e, "matmul: epilogue kernel");
 }
@@ -485,11 +458,11 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
 
-    const mm_rows xr = mm_rows_of(&p->x), yr = mm_rows_of(&p->y);
+    const cu_rows xr = cu_rows_of(&p->x), yr = cu_rows_of(&p->y);
     bool x_aligned = true;
     for (int64_t m = 0; m < M; m++) {
-        a.x[m] = (const float *)(xr.base + mm_row_off(xr, m));
-        a.y[m] = (float *)(yr.base + mm_row_off(yr, m));
+        a.x[m] = (const float *)(xr.base + cu_row_off(xr, m));
+        a.y[m] = (float *)(yr.base + cu_row_off(yr, m));
         x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
     }
     if (vec && !x_aligned) { /* the vector kernel reads x in float4s: gather the rows, 16-byte aligned */

@@ -28,30 +28,10 @@
 #define NM_VEC_MAX 8192      /* fast rms_norm: longest row (1024 threads x 2 float4) */
 #define NM_WNONE (-1)        /* fast rms_norm weight template argument: no weight */
 
-struct nm_rows {
-    char *base;
-    int64_t ne1, ne2, nb1, nb2, nb3;
-};
-
-static nm_rows nm_rows_of(const berth_tensor *t)
+/* Row i of a tensor whose rows norm.cu reads and writes as floats. */
+static __device__ __forceinline__ float *nm_row(const cu_rows &r, int64_t i)
 {
-    nm_rows r;
-    r.base = cu_ptr(t);
-    r.ne1 = t->ne[1];
-    r.ne2 = t->ne[2];
-    r.nb1 = t->nb[1];
-    r.nb2 = t->nb[2];
-    r.nb3 = t->nb[3];
-    return r;
-}
-
-static __device__ __forceinline__ float *nm_row(const nm_rows &r, int64_t i)
-{
-    const int64_t i1 = i % r.ne1;
-    i /= r.ne1;
-    const int64_t i2 = i % r.ne2;
-    const int64_t i3 = i / r.ne2;
-    return (float *)(r.base + i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3);
+    return (float *)cu_row(r, i);
 }
 
 /* The rows a thread's team handles, its lane in the team and the team's sum. */
@@ -112,7 +92,7 @@ static nm_launch nm_shape(int64_t n, int64_t rows)
 // rms_norm
 
 struct nm_rms_args {
-    nm_rows x, y, res; /* res only with a residual mode */
+    cu_rows x, y, res; /* res only with a residual mode */
     const void *w;     /* NULL unless weight mode W / W_ONE_PLUS */
     int32_t wdt, wmode, rmode;
     int32_t w_early;   /* fast kernel: the weight may be read before cu_pdl_wait (a weights buffer) */
@@ -327,10 +307,10 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         return BERTH_OK;
     const bool has_w = opck_norm_has_weight(p->weight_mode);
     nm_rms_args a;
-    a.x = nm_rows_of(&p->x);
-    a.y = nm_rows_of(&p->y);
+    a.x = cu_rows_of(&p->x);
+    a.y = cu_rows_of(&p->y);
     a.rmode = p->resid_mode;
-    a.res = a.rmode != BERTH_RESID_NONE ? nm_rows_of(&p->residual) : a.x;
+    a.res = a.rmode != BERTH_RESID_NONE ? cu_rows_of(&p->residual) : a.x;
     /* W_NONE and UNIT: no weight */
     a.wmode = has_w ? p->weight_mode : BERTH_NORM_UNIT;
     a.w = has_w ? cu_ptr(&p->w) : NULL;
@@ -368,7 +348,7 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
 // layer_norm: (x - mean) / sqrt(var + eps), biased variance from a second pass (no E[x^2] - E[x]^2 cancellation)
 
 struct nm_ln_args {
-    nm_rows x, y, res;
+    cu_rows x, y, res;
     const void *w, *b; /* each NULL when absent */
     int32_t wdt, bdt, rmode;
     float eps;
@@ -428,10 +408,10 @@ berth_status cu_op_layer_norm(berth_backend *be, berth_stream *s, const berth_la
     if (n == 0 || rows == 0)
         return BERTH_OK;
     nm_ln_args a;
-    a.x = nm_rows_of(&p->x);
-    a.y = nm_rows_of(&p->y);
+    a.x = cu_rows_of(&p->x);
+    a.y = cu_rows_of(&p->y);
     a.rmode = p->resid_mode;
-    a.res = a.rmode != BERTH_RESID_NONE ? nm_rows_of(&p->residual) : a.x;
+    a.res = a.rmode != BERTH_RESID_NONE ? cu_rows_of(&p->residual) : a.x;
     a.w = p->w.buf ? cu_ptr(&p->w) : NULL;
     a.b = p->b.buf ? cu_ptr(&p->b) : NULL;
     a.wdt = p->w.dtype;
@@ -449,7 +429,7 @@ berth_status cu_op_layer_norm(berth_backend *be, berth_stream *s, const berth_la
 // gated_rms_norm: y = rmsnorm(x) * w * f(z)
 
 struct nm_gated_args {
-    nm_rows x, z, y;
+    cu_rows x, z, y;
     const void *w;
     int32_t wdt, act;
     float eps;
@@ -490,9 +470,9 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
     if (n == 0 || rows == 0)
         return BERTH_OK;
     nm_gated_args a;
-    a.x = nm_rows_of(&p->x);
-    a.z = nm_rows_of(&p->z);
-    a.y = nm_rows_of(&p->y);
+    a.x = cu_rows_of(&p->x);
+    a.z = cu_rows_of(&p->z);
+    a.y = cu_rows_of(&p->y);
     a.w = cu_ptr(&p->w);
     a.wdt = p->w.dtype;
     a.act = p->act;
