@@ -1,5 +1,5 @@
 /*
- * test_cpu_ops.c — CPU backend plugin: descriptor, probe, config, buffers, matmul, get_rows, norms, rope, elementwise ops, and supports() rejections.
+ * test_cpu_ops.c — CPU backend plugin: descriptor, probe, config, buffers, matmul (and its norm prologue), get_rows, norms, rope, elementwise ops, and supports() rejections.
  * Harness and conventions: test_cpu_harness.h.
  */
 #include <math.h>
@@ -273,6 +273,84 @@ START_TEST(test_matmul_threads_invariant)
     tt_free(&w);
     tt_free(&y1);
     tt_free(&y3);
+}
+END_TEST
+
+/* The RMS-norm prologue: matmul(x, prologue) is bit-identical to rms_norm(x) -> u; matmul(u), for every weight
+ * mode, norm-weight and matrix dtype, strided x, and M on both sides of the kernels' blocking; x is untouched. */
+static void matmul_norm_case(int64_t K, int64_t N, int64_t M, int pad, int32_t mode, berth_dtype wdt, berth_dtype nwdt)
+{
+    struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, pad);
+    struct tt u = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+    struct tt w = tt_new(wdt, K, N, 1, 1, 0);
+    struct tt nw = tt_new(nwdt, K, 1, 1, 1, 0);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+    trand(&x.t, -3, 3);
+    trand(&w.t, -1, 1);
+    trand(&nw.t, -1, 1);
+    double *x0 = tload(&x.t);
+    const float eps = 1e-6f;
+    const int weighted = mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
+    berth_rms_norm_params rp = {.struct_size = sizeof rp, .weight_mode = mode, .eps = eps, .x = x.t,
+                                .w = weighted ? nw.t : absent, .residual = absent, .y = u.t};
+    CHECK(ops->rms_norm(be, st, &rp) == BERTH_OK, "%s", g_last_error);
+    berth_matmul_params p = {.struct_size = sizeof p, .x = u.t, .w = w.t, .y = y1.t};
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    p.x = x.t;
+    p.y = y2.t;
+    p.x_norm_mode = mode;
+    p.x_norm_eps = eps;
+    p.x_norm_w = weighted ? nw.t : absent;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    CHECK(memcmp(y1.host, y2.host, y1.bytes) == 0, "matmul prologue K%" PRId64 " N%" PRId64 " M%" PRId64
+          " mode %d w %s norm w %s: differs from rms_norm + matmul", K, N, M, (int)mode, dtn(wdt), dtn(nwdt));
+    double *x1 = tload(&x.t);
+    CHECK(memcmp(x0, x1, sizeof(double) * (size_t)(K * M)) == 0, "matmul prologue modified x");
+    free(x0);
+    free(x1);
+    tt_free(&x);
+    tt_free(&u);
+    tt_free(&w);
+    tt_free(&nw);
+    tt_free(&y1);
+    tt_free(&y2);
+}
+
+START_TEST(test_matmul_norm_prologue)
+{
+    static const int32_t modes[] = {BERTH_NORM_W, BERTH_NORM_W_ONE_PLUS, BERTH_NORM_UNIT};
+    for (int i = 0; i < 3; i++) {
+        matmul_norm_case(67, 131, 1, 0, modes[i], wdts[i], wdts[(i + 1) % 3]);
+        matmul_norm_case(96, 9, 5, 1, modes[i], wdts[(i + 1) % 3], wdts[(i + 2) % 3]);
+        matmul_norm_case(300, 21, 70, 2, modes[i], wdts[(i + 2) % 3], wdts[i]);
+    }
+}
+END_TEST
+
+/* A caller compiled before the prologue (struct_size up to y) gets a plain matmul whatever follows in memory;
+ * x_norm_mode W_NONE is a plain matmul too. */
+START_TEST(test_matmul_norm_prologue_old_caller)
+{
+    const int64_t K = 40, N = 7, M = 3;
+    struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+    struct tt w = tt_new(BERTH_DTYPE_BF16, K, N, 1, 1, 0);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+    trand(&x.t, -2, 2);
+    trand(&w.t, -1, 1);
+    berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .y = y1.t};
+    ck_assert_int_eq(ops->matmul(be, st, &p), BERTH_OK);
+    p.y = y2.t;
+    p.struct_size = (uint32_t)BERTH_SIZE_TO(berth_matmul_params, y);
+    p.x_norm_mode = 77; /* beyond struct_size: never read */
+    p.x_norm_eps = -1.0f;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    ck_assert_mem_eq(y1.host, y2.host, y1.bytes);
+    tt_free(&x);
+    tt_free(&w);
+    tt_free(&y1);
+    tt_free(&y2);
 }
 END_TEST
 
@@ -758,6 +836,24 @@ START_TEST(test_supports_rejections)
     mm.bias.ne[0] = 131;
     expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: bias dtype i32 is not supported (supported: f32, f16, bf16)");
     mm.bias = absent;
+    /* the RMS-norm prologue */
+    mm.x_norm_mode = 4;
+    mm.x_norm_eps = 1e-6f;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x_norm_mode 4 is not supported");
+    mm.x_norm_mode = BERTH_NORM_UNIT; /* weightless: no x_norm_w needed */
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.x_norm_mode = BERTH_NORM_W;
+    mm.x_norm_w = qt(BERTH_DTYPE_BF16, 66, 1, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x_norm_w must be ne {67}, got {66, 1, 1, 1}");
+    mm.x_norm_w = qt(BERTH_DTYPE_BF16, 67, 1, 1, 1);
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.x_norm_eps = 0.0f;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x_norm_eps = 0 must be positive and finite");
+    mm.x_norm_eps = NAN;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: x_norm_eps = nan must be positive and finite");
+    mm.x_norm_mode = BERTH_NORM_W_NONE; /* no prologue: eps and x_norm_w are not read */
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.x_norm_w = absent;
 
     berth_unary_params un = {.struct_size = sizeof un, .act = 9, .x = qt(F32, 8, 2, 1, 1), .y = qt(F32, 8, 2, 1, 1)};
     expect_unsupported(BERTH_OP_UNARY, &un, "unary: activation 9 is not supported");
@@ -851,6 +947,8 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_matmul);
     tcase_add_test(tc, test_matmul_special_weights);
     tcase_add_test(tc, test_matmul_threads_invariant);
+    tcase_add_test(tc, test_matmul_norm_prologue);
+    tcase_add_test(tc, test_matmul_norm_prologue_old_caller);
     tcase_add_test(tc, test_get_rows);
     tcase_add_test(tc, test_rms_norm);
     tcase_add_test(tc, test_layer_norm);

@@ -860,6 +860,28 @@ START_TEST(create_info_layout_requirements)
         found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
                                    "scale 1, f32 cache)") == 0;
     ck_assert_msg(found, "no readable attention requirement");
+    /* input_layernorm and pre_feedforward_layernorm are the projections' matmul norm prologue, not rms_norm ops */
+    int prologues = 0;
+    for (int i = 0; i < n; i++) {
+        ck_assert_msg(strncmp(r[i]->what, "rms_norm input_layernorm", 24) != 0 &&
+                          strncmp(r[i]->what, "rms_norm pre_feedforward_layernorm", 34) != 0,
+                      "separate norm op left: %s", r[i]->what);
+        if (r[i]->op != BERTH_OP_MATMUL)
+            continue;
+        const berth_matmul_params *p = r[i]->params;
+        const int want = strstr(r[i]->what, "q_proj") || strstr(r[i]->what, "k_proj") ||
+                         strstr(r[i]->what, "v_proj") || strstr(r[i]->what, "gate_proj") ||
+                         strstr(r[i]->what, "up_proj");
+        ck_assert_msg(p->x_norm_mode == (want ? BERTH_NORM_W : BERTH_NORM_W_NONE), "%s: x_norm_mode %d", r[i]->what,
+                      p->x_norm_mode);
+        if (want) {
+            ck_assert_int_eq(p->x_norm_w.ne[0], p->x.ne[0]);
+            ck_assert(p->x_norm_eps > 0.0f);
+            ck_assert_ptr_nonnull(strstr(r[i]->what, "RMS-norm prologue with f32 weight"));
+            prologues++;
+        }
+    }
+    ck_assert_int_gt(prologues, 0);
     vt->destroy(m);
     ck_free(f);
 }

@@ -114,6 +114,16 @@ typedef struct berth_matmul_params {
     uint32_t struct_size;
     int32_t accumulate; /* 0: y = x w^T + b; 1: y += x w^T + b */
     berth_tensor x, w, bias, y;
+    /* ABI 0.2: fields above. The RMS-norm prologue (ABI 0.3, appended): when struct_size covers x_norm_w and
+     * x_norm_mode != BERTH_NORM_W_NONE, each row of x is first RMS-normalised over K in fp32,
+     * x / sqrt(mean(x^2) + x_norm_eps), then weighted as x_norm_mode says (BERTH_NORM_W: * x_norm_w,
+     * W_ONE_PLUS: * (1 + x_norm_w), UNIT: no weight) — exactly rms_norm's row math — and that normalised row is
+     * what multiplies w. x must then be f32; x_norm_eps > 0 and finite; x_norm_w (modes W, W_ONE_PLUS only):
+     * ne {K}, any weight dtype. x itself is not modified. Default (older caller or mode W_NONE): no prologue. */
+    int32_t x_norm_mode;
+    float x_norm_eps;
+    berth_tensor x_norm_w;
+    /* ABI 0.3: fields above. Append below only. */
 } berth_matmul_params;
 
 /* y[t, :] = scale * table[ids[t], :]. table ne {D, N} any weight dtype; ids ne {T} i32 (each in [0, N): the

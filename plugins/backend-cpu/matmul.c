@@ -17,7 +17,9 @@
  *    choice is made at run time with __builtin_cpu_supports, so one .so is fast on new CPUs and correct on
  *    any x86-64. Per-ISA objects (rather than target_clones) let the tile shape follow the register count.
  *  - x is packed once per call into scratch (rows contiguous; for bf16, and f16 without F16C, de-interleaved to
- *    match the in-register widening); that is M*K floats, negligible next to N*K weights.
+ *    match the in-register widening); that is M*K floats, negligible next to N*K weights. The RMS-norm prologue
+ *    (x_norm_mode) normalises each row with rms_norm's own row routine just before packing it, so a fused
+ *    norm + matmul gives bit-for-bit the result of the two ops.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -135,14 +137,24 @@ berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmu
     const int64_t step = 2 * k->vl;
     const int64_t ldx = (K + step - 1) / step * step; /* keeps every packed row 64-byte aligned for vl >= 8 */
     const size_t ptr_bytes = ((size_t)M * sizeof(float *) + 63) / 64 * 64;
+    const int32_t norm = opck_matmul_norm_mode(p);
+    const size_t xp_floats = (size_t)(M + (norm != BERTH_NORM_W_NONE)) * (size_t)ldx; /* + one norm row */
     void *scratch;
-    st = cpu_scratch_shared(be, ptr_bytes + (size_t)M * (size_t)ldx * sizeof(float), &scratch);
+    st = cpu_scratch_shared(be, ptr_bytes + xp_floats * sizeof(float), &scratch);
     if (st != BERTH_OK)
         goto out;
     float **yrows = scratch;
     float *xp = (float *)((char *)scratch + ptr_bytes);
+    float *nrow = xp + M * ldx; /* prologue: the normalised row, then packed like any x row */
+    const void *nw = opck_norm_has_weight(norm) ? cpu_data(&p->x_norm_w) : NULL;
     for (int64_t m = 0; m < M; m++) {
-        k->pack_row((const float *)cpu_row(&p->x, m), K, p->w.dtype, xp + m * ldx);
+        const float *xr = (const float *)cpu_row(&p->x, m);
+        if (norm != BERTH_NORM_W_NONE) {
+            memcpy(nrow, xr, (size_t)K * sizeof(float));
+            cpu_rms_norm_row(nrow, K, p->x_norm_eps, norm, nw, p->x_norm_w.dtype);
+            xr = nrow;
+        }
+        k->pack_row(xr, K, p->w.dtype, xp + m * ldx);
         yrows[m] = (float *)cpu_row(&p->y, m);
     }
     struct mm_ctx c = {

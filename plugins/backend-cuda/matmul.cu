@@ -33,6 +33,14 @@
  *    DRAM round trip, the reduction. The GEMV therefore issues its first step of weight loads before it waits for
  *    the previous kernel (while that kernel still runs) when w lives in a BERTH_USAGE_WEIGHTS buffer, which no
  *    kernel writes; x, y and bias are touched only after the wait.
+ *  - The RMS-norm prologue (x_norm_mode): the GEMV needs no extra pass. Every team already reads all of x's rows
+ *    over K for its dot products, so each thread also sums the squares of the raw x values it reads, the team
+ *    reduces those sums with the products, and the store scales by rstd = 1 / sqrt(sumsq / K + eps):
+ *    y = rstd * sum_k x[k] w_norm[k] w[n, k] (the norm weight, widened, multiplies x inside the product). No extra
+ *    barrier, no extra launch; only the kernel variant with the prologue carries the extra registers. The other
+ *    paths (M > MM_GEMV_MAX_M) fold it into the pass that gathers x for cuBLAS: a block computes its row's rstd
+ *    and writes the normalised row (in the dtype cuBLAS reads), so x is always gathered when the prologue is on;
+ *    the skinny kernel does not take it (cuBLAS runs instead).
  *  - No split-K: at the Gemma 4 decode shapes the team-size rule below already has every (row, 16-byte chunk)
  *    load of the small matrices in flight at once (N = 256..512, K = 1536: 256-thread teams, one chunk per thread
  *    per row), and the tall ones (K = 6144..12288, N = 1536) fill the GPU in one wave with 4 loads per thread in
@@ -57,8 +65,12 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
 #define MM_SLAB_BYTES ((int64_t)64 << 20) /* fp32 mode, bf16/f16 weights: widened rows per cuBLAS call */
 #define MM_WS_ALIGN 256
 /* GEMV blocks per SM the register allocation must allow (48 / 64 / 128 registers): 40 resident warps keep enough
- * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. */
-#define MM_MIN_BLOCKS(MB) ((MB) == 1 ? 5 : (MB) == 2 ? 4 : 2)
+ * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. `tight`: the
+ * norm-prologue variant with f16 weights, whose conversions would spill at 48 / 64 registers, gets one block less. */
+static constexpr int mm_min_blocks(int mb, bool tight)
+{
+    return mb == 1 ? (tight ? 4 : 5) : mb == 2 ? (tight ? 3 : 4) : 2;
+}
 
 static int64_t mm_round_up(int64_t v, int64_t to)
 {
@@ -86,7 +98,22 @@ struct mm_gemv_args {
     int32_t accumulate;
     int32_t tpr_log2;              /* threads per row team = 1 << tpr_log2, 32..MM_THREADS */
     int32_t early;                 /* w may be read before cu_pdl_wait (a weights buffer: no kernel writes it) */
+    /* the RMS-norm prologue (NORM kernels only) */
+    const void *nw;                /* norm weight ne {K} (modes W, W_ONE_PLUS), else NULL */
+    int32_t nw_dt;
+    int32_t norm_mode;             /* BERTH_NORM_W / W_ONE_PLUS / UNIT */
+    float norm_eps;
 };
+
+/* Factor the prologue's weight mode applies to x[k]: w, 1 + w, or 1 (UNIT). */
+static __device__ __forceinline__ float mm_norm_factor(const void *nw, int dt, int mode, int64_t k)
+{
+    if (mode == BERTH_NORM_W)
+        return cu_ld(nw, dt, k);
+    if (mode == BERTH_NORM_W_ONE_PLUS)
+        return 1.0f + cu_ld(nw, dt, k);
+    return 1.0f;
+}
 
 /* 16 bytes of weights, streamed: not kept in L1 (x lives there). A coherent load, not ld.global.nc: with
  * programmatic dependent launch this grid can be running while the previous kernel still writes, and .nc only
@@ -173,19 +200,35 @@ static __device__ __forceinline__ void mm_ld_x(const float *xr, int64_t c, float
     }
 }
 
-template <int WDT, int MB, int R, bool VEC>
-static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], const mm_chunk<WDT, VEC> (&ch)[R],
-                                                    const float *const (&xr)[MB], int64_t c)
+/* acc[m][r] += x[m] . w[r] over chunk c. NORM: ss[m] += the squares of the raw x values, and x is multiplied by
+ * the norm weight's factor before the product (rstd is applied at the store). */
+template <int WDT, int MB, int R, bool VEC, bool NORM>
+static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], float (&ss)[MB],
+                                                    const mm_chunk<WDT, VEC> (&ch)[R], const float *const (&xr)[MB],
+                                                    int64_t c, const mm_gemv_args &a)
 {
     constexpr int E = mm_chunk<WDT, VEC>::E;
     float wf[R][E];
 #pragma unroll
     for (int r = 0; r < R; r++)
         ch[r].widen(wf[r]);
+    float nf[E];
+    if constexpr (NORM) {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            nf[e] = mm_norm_factor(a.nw, a.nw_dt, a.norm_mode, c * E + e);
+    }
 #pragma unroll
     for (int m = 0; m < MB; m++) {
         float xv[E];
         mm_ld_x<E>(xr[m], c, xv);
+        if constexpr (NORM) {
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                ss[m] = fmaf(xv[e], xv[e], ss[m]);
+                xv[e] *= nf[e];
+            }
+        }
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
@@ -194,9 +237,10 @@ static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], const m
     }
 }
 
-/* Final value of y[m, n0 + r] for t = m*R + r: + bias, + old y when accumulating. */
-template <int MB, int R>
-static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int t, float v)
+/* Final value of y[m, n0 + r] for t = m*R + r: * rstd (the prologue's; 1 without), + bias, + old y when
+ * accumulating. */
+template <int MB, int R, bool NORM>
+static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int t, float v, float sumsq)
 {
     const int m = t / R;
     const int64_t n = n0 + t % R;
@@ -207,6 +251,8 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
     for (int q = 1; q < MB; q++) /* static indices: a dynamic one would copy the params to local memory */
         if (q == m)
             yr = a.y[q];
+    if constexpr (NORM)
+        v *= 1.0f / sqrtf(sumsq / (float)a.K + a.norm_eps); /* rms_norm's rstd, as the CPU backend computes it */
     if (a.bias)
         v += cu_ld(a.bias, a.bias_dt, n);
     if (a.accumulate)
@@ -230,10 +276,12 @@ static __device__ __forceinline__ void mm_step_loads(mm_chunk<WDT, VEC> (&c0)[R]
             c1[r].load(wr[r], c + tpr);
 }
 
-template <int WDT, int MB, int R, bool VEC>
-__global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(const mm_gemv_args a)
+template <int WDT, int MB, int R, bool VEC, bool NORM>
+__global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == BERTH_DTYPE_F16))
+    mm_gemv_kernel(const mm_gemv_args a)
 {
-    __shared__ float red[MM_THREADS / 32][MB * R];
+    constexpr int NS = NORM ? MB : 0; /* the prologue's sums of squares, after the products in red */
+    __shared__ float red[MM_THREADS / 32][MB * R + NS];
     cu_pdl_trigger();
     const int tpr = 1 << a.tpr_log2;
     const int team = (int)threadIdx.x >> a.tpr_log2;
@@ -250,12 +298,14 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(
     for (int r = 0; r < R; r++) /* rows past N repeat the last row: loads stay in bounds, results are dropped */
         wr[r] = a.w + (n0 + r < a.N ? n0 + r : a.N - 1) * a.ldw;
 
-    float acc[MB][R];
+    float acc[MB][R], ss[MB];
 #pragma unroll
-    for (int m = 0; m < MB; m++)
+    for (int m = 0; m < MB; m++) {
+        ss[m] = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; r++)
             acc[m][r] = 0.0f;
+    }
 
     /* Two chunks per step (2*R loads in flight), except at MB = 8 where the second chunk's registers would spill:
      * there R = 4 loads per step are in flight. The first step's loads are issued before the wait for the previous
@@ -273,53 +323,65 @@ __global__ void __launch_bounds__(MM_THREADS, MM_MIN_BLOCKS(MB)) mm_gemv_kernel(
     /* Each step computes the chunks loaded for it, then loads the next step's (where they exist). */
     if constexpr (PAIR) {
         while (c + tpr < nch) {
-            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
-            mm_fma_chunk<WDT, MB, R, VEC>(acc, c1, xr, c + tpr);
+            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
+            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c1, xr, c + tpr, a);
             c += 2 * tpr;
             mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
         }
         if (c < nch) /* the odd last chunk */
-            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
     } else {
 #pragma unroll 1
         while (c < nch) {
-            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
             c += tpr;
             mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
         }
     }
 
 #pragma unroll
-    for (int m = 0; m < MB; m++)
+    for (int m = 0; m < MB; m++) {
 #pragma unroll
         for (int r = 0; r < R; r++)
             acc[m][r] = cu_warp_sum(acc[m][r]);
+        if constexpr (NORM)
+            ss[m] = cu_warp_sum(ss[m]);
+    }
 
     if (tpr > 32) { /* the team spans several warps: add the warps' sums through shared memory */
         const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
         if (lane == 0)
 #pragma unroll
-            for (int m = 0; m < MB; m++)
+            for (int m = 0; m < MB; m++) {
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     red[warp][m * R + r] = acc[m][r];
+                if constexpr (NORM)
+                    red[warp][MB * R + m] = ss[m];
+            }
         __syncthreads();
         if (active && t < MB * R) {
             const int wpt = tpr >> 5, w0 = team * wpt;
-            float v = 0.0f;
-            for (int q = 0; q < wpt; q++)
+            float v = 0.0f, sq = 0.0f;
+            for (int q = 0; q < wpt; q++) {
                 v += red[w0 + q][t];
-            mm_gemv_store<MB, R>(a, n0, t, v);
+                if constexpr (NORM)
+                    sq += red[w0 + q][MB * R + t / R];
+            }
+            mm_gemv_store<MB, R, NORM>(a, n0, t, v, sq);
         }
     } else if (active && t < MB * R) { /* every lane holds every sum: lane t stores sum t */
-        float v = 0.0f;
+        float v = 0.0f, sq = 0.0f;
 #pragma unroll
-        for (int m = 0; m < MB; m++)
+        for (int m = 0; m < MB; m++) {
 #pragma unroll
             for (int r = 0; r < R; r++)
                 if (m * R + r == t)
                     v = acc[m][r];
-        mm_gemv_store<MB, R>(a, n0, t, v);
+            if (NORM && m == t / R)
+                sq = ss[m];
+        }
+        mm_gemv_store<MB, R, NORM>(a, n0, t, v, sq);
     }
 }
 
@@ -328,9 +390,12 @@ static cudaError_t mm_gemv_launch_mb(berth_backend *be, bool vec, unsigned block
                                      const mm_gemv_args &a)
 {
     constexpr int R = MB <= 2 ? 2 : 4; /* more rows per team for larger M: each x load feeds R rows */
-    if (vec)
-        return cu_launch(be, cs, dim3(blocks), dim3(MM_THREADS), 0, mm_gemv_kernel<WDT, MB, R, true>, a);
-    return cu_launch(be, cs, dim3(blocks), dim3(MM_THREADS), 0, mm_gemv_kernel<WDT, MB, R, false>, a);
+    const dim3 g(blocks), b(MM_THREADS);
+    if (a.norm_mode != BERTH_NORM_W_NONE)
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, true>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, true>, a);
+    return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, false>, a)
+               : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, false>, a);
 }
 
 template <int WDT>
@@ -348,15 +413,39 @@ static cudaError_t mm_gemv_launch_w(berth_backend *be, int mb, bool vec, unsigne
 // ---------------------------------------------------------------------------------------------------------------
 // Helper kernels of both paths.
 
-/* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). */
-__global__ void mm_pack_x_kernel(const cu_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
+/* The RMS-norm prologue as the gather pass applies it (mode BERTH_NORM_W_NONE: none). */
+struct mm_norm {
+    const void *w; /* ne {K} for modes W, W_ONE_PLUS, else NULL */
+    int dt;
+    int mode;
+    float eps;
+};
+
+/* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). With the prologue, x[m][k] * rstd(m) * the
+ * weight factor first: every block of row m computes rstd(m) over the whole row (K floats, L2-resident), so the
+ * grid needs no second pass. */
+__global__ void mm_pack_x_kernel(const cu_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt,
+                                 const mm_norm nrm)
 {
+    __shared__ float scratch[32];
     cu_pdl_trigger();
     cu_pdl_wait();
-    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) { /* uniform over the block: cu_block_sum is safe */
         const float *xr = (const float *)(x.base + cu_row_off(x, m));
-        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x)
-            cu_st(out, out_dt, m * ldo + k, xr[k]);
+        float rstd = 1.0f;
+        if (nrm.mode != BERTH_NORM_W_NONE) {
+            float ss = 0.0f;
+            for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+                ss = fmaf(xr[k], xr[k], ss);
+            ss = cu_block_sum(ss, scratch);
+            rstd = 1.0f / sqrtf(ss / (float)K + nrm.eps); /* rms_norm's rstd, as the CPU backend computes it */
+        }
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
+            float v = xr[k];
+            if (nrm.mode != BERTH_NORM_W_NONE)
+                v = v * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, k);
+            cu_st(out, out_dt, m * ldo + k, v);
+        }
     }
 }
 
@@ -398,13 +487,22 @@ static void mm_grid2(int64_t cols, int64_t rows, dim3 *grid)
     grid->z = 1;
 }
 
-static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_tensor *x, int64_t M, int64_t K,
-                              void *out, int64_t ldo, int out_dt)
+/* Gather x's rows into out (ldo elements apart, out_dt); p's RMS-norm prologue applied when with_norm. */
+static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool with_norm,
+                              int64_t M, int64_t K, void *out, int64_t ldo, int out_dt)
 {
+    mm_norm nrm;
+    memset(&nrm, 0, sizeof nrm);
+    nrm.mode = with_norm ? opck_matmul_norm_mode(p) : BERTH_NORM_W_NONE;
+    if (nrm.mode != BERTH_NORM_W_NONE) {
+        nrm.w = opck_norm_has_weight(nrm.mode) ? cu_ptr(&p->x_norm_w) : NULL;
+        nrm.dt = p->x_norm_w.dtype;
+        nrm.eps = p->x_norm_eps;
+    }
     dim3 grid;
     mm_grid2(K, M, &grid);
-    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, cu_rows_of(x), M, K, out, ldo,
-                                    out_dt);
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, cu_rows_of(&p->x), M, K, out,
+                                    ldo, out_dt, nrm);
     return cu_check(be, e, "matmul: pack_x kernel");
 }
 
@@ -454,6 +552,12 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
     a.bias_dt = p->bias.dtype;
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
+    a.norm_mode = opck_matmul_norm_mode(p);
+    if (a.norm_mode != BERTH_NORM_W_NONE) {
+        a.norm_eps = p->x_norm_eps;
+        a.nw = opck_norm_has_weight(a.norm_mode) ? cu_ptr(&p->x_norm_w) : NULL;
+        a.nw_dt = p->x_norm_w.dtype;
+    }
     /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
@@ -470,7 +574,7 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         void *ws = NULL;
         berth_status st = cu_stream_ws(be, s, (size_t)(M * ld) * sizeof(float), &ws);
         if (st == BERTH_OK)
-            st = mm_pack_x(be, s, &p->x, M, K, ws, ld, BERTH_DTYPE_F32);
+            st = mm_pack_x(be, s, p, false, M, K, ws, ld, BERTH_DTYPE_F32); /* raw: the kernel normalises */
         if (st != BERTH_OK)
             return st;
         for (int64_t m = 0; m < M; m++)
@@ -562,8 +666,10 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     if (K == 0) /* no product: y = (accumulate ? y : 0) + bias */
         return mm_epilogue(be, s, p, M, N, NULL, 0);
 
-    /* Operands and workspace layout: [x gathered/converted][y result][widened w slab] */
-    const int64_t ldx_direct = x_to_w ? 0 : mm_blas_ld(&p->x, K);
+    /* Operands and workspace layout: [x gathered/converted][y result][widened w slab]. The norm prologue is
+     * applied by the gather, so x is then always gathered. */
+    const bool norm = opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE;
+    const int64_t ldx_direct = x_to_w || norm ? 0 : mm_blas_ld(&p->x, K);
     const int64_t ldx = ldx_direct ? ldx_direct : mm_round_up(K, 8);
     const size_t x_bytes = ldx_direct ? 0 : (size_t)(M * ldx) * (x_to_w ? 2 : 4);
     const int64_t ldy_direct = mm_blas_ld(&p->y, N);
@@ -588,7 +694,7 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
 
     const void *xb = cu_ptr(&p->x);
     if (!ldx_direct) {
-        if ((st = mm_pack_x(be, s, &p->x, M, K, ws + x_off, ldx, x_to_w ? wdt : BERTH_DTYPE_F32)) != BERTH_OK)
+        if ((st = mm_pack_x(be, s, p, true, M, K, ws + x_off, ldx, x_to_w ? wdt : BERTH_DTYPE_F32)) != BERTH_OK)
             return st;
         xb = ws + x_off;
     }
@@ -677,8 +783,10 @@ berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul
     if (M <= MM_GEMV_MAX_M)
         return mm_gemv(be, s, p, M, N, K);
     bool ran = false; /* matmul_skinny.cu: batched-decode M in bf16 mode; when it declines, cuBLAS */
-    const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
-    if (st != BERTH_OK || ran)
-        return st;
+    if (opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE) { /* the skinny kernel has no norm prologue */
+        const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
+        if (st != BERTH_OK || ran)
+            return st;
+    }
     return mm_blas(be, s, p, M, N, K);
 }

@@ -71,6 +71,11 @@ static inline bool opck_norm_has_weight(int32_t mode)
 {
     return mode == BERTH_NORM_W || mode == BERTH_NORM_W_ONE_PLUS;
 }
+/* The matmul's x_norm_mode, BERTH_NORM_W_NONE (no prologue) when the caller's struct predates the fields. */
+static inline int32_t opck_matmul_norm_mode(const berth_matmul_params *p)
+{
+    return BERTH_HAS(p, berth_matmul_params, x_norm_w) ? p->x_norm_mode : BERTH_NORM_W_NONE;
+}
 static inline bool opck_act_valid(int32_t act)
 {
     return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_EXP;

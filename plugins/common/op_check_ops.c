@@ -21,6 +21,9 @@ static int64_t nrows(const berth_tensor *t)
     return t->ne[1] * t->ne[2] * t->ne[3];
 }
 
+static bool check_feature_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t,
+                                 int64_t n);
+
 bool opck_matmul(struct opck *c, const berth_matmul_params *p)
 {
     static const char op[] = "matmul";
@@ -47,9 +50,22 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
                          nrows(&p->x));
     if (p->accumulate != 0 && p->accumulate != 1)
         return opck_fail(c, BERTH_E_INVALID, "matmul: accumulate = %d must be 0 or 1", p->accumulate);
-    if (opck_present(c, &p->bias))
-        return opck_tensor(c, op, "bias", &p->bias, c->be->weight_dtypes, false) &&
-               opck_vector(c, op, "bias", &p->bias, N);
+    if (opck_present(c, &p->bias) && !(opck_tensor(c, op, "bias", &p->bias, c->be->weight_dtypes, false) &&
+                                         opck_vector(c, op, "bias", &p->bias, N)))
+        return false;
+    const int32_t norm = opck_matmul_norm_mode(p);
+    if (norm == BERTH_NORM_W_NONE)
+        return true;
+    if (norm != BERTH_NORM_W && norm != BERTH_NORM_W_ONE_PLUS && norm != BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_norm_mode %d is not supported", norm);
+    if (!(p->x_norm_eps > 0.0f) || !isfinite(p->x_norm_eps))
+        return opck_fail(c, BERTH_E_INVALID, "matmul: x_norm_eps = %g must be positive and finite",
+                         (double)p->x_norm_eps);
+    if (p->x.dtype != BERTH_DTYPE_F32)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: the x_norm prologue needs x f32, got %s",
+                         opck_dtype_name(p->x.dtype));
+    if (opck_norm_has_weight(norm))
+        return check_feature_vector(c, op, "x_norm_w", &p->x_norm_w, K);
     return true;
 }
 

@@ -5,7 +5,8 @@
  * activation memory directly (the backend may be a GPU). The same code runs in a recording mode, where each op
  * call is collected as a requirement instead of executed (see gemma4_requirements.c).
  *
- * Per layer (§3.3): input norm -> q proj -> q norm + RoPE -> [owners: k/v proj, then kv_append with K norm +
+ * Per layer (§3.3): input norm -> q proj (the norm is the projections' matmul prologue, here and before gate/up:
+ * one op per product instead of an rms_norm op plus the product) -> q norm + RoPE -> [owners: k/v proj, then kv_append with K norm +
  * RoPE and the weightless V norm] -> attention over the cache (scale 1, causal, window on sliding layers; shared layers read
  * their source's cache) -> o proj -> post-attention norm added to the residual -> pre-FF norm -> gate/up ->
  * GELU-tanh GLU -> down -> post-FF norm added -> PLE block -> * layer_scalar. The residual stream ping-pongs
@@ -64,8 +65,10 @@ static berth_tensor act(const struct g4_step *st, uint64_t off, int64_t ne0, int
     return g4_f32(st->buf, off, ne0, ne1, ne2);
 }
 
-static berth_status op_matmul(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
-                              const char *site)
+/* y = x w^T, or with norm_w: y = (RMSNorm(x) * norm_w) w^T through the matmul's norm prologue (one op instead of
+ * rms_norm + matmul; the norm is recomputed by each product that reads the same x). */
+static berth_status op_matmul_norm(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                                   const berth_tensor *norm_w, const char *site)
 {
     berth_matmul_params p;
     memset(&p, 0, sizeof p);
@@ -73,7 +76,18 @@ static berth_status op_matmul(struct g4_step *st, berth_tensor x, const berth_te
     p.x = x;
     p.w = *w;
     p.y = y;
+    if (norm_w) {
+        p.x_norm_mode = BERTH_NORM_W;
+        p.x_norm_eps = (float)st->m->cfg->eps;
+        p.x_norm_w = *norm_w;
+    }
     return run(st, BERTH_OP_MATMUL, &p, site);
+}
+
+static berth_status op_matmul(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                              const char *site)
+{
+    return op_matmul_norm(st, x, w, y, NULL, site);
 }
 
 static berth_status op_get_rows(struct g4_step *st, const berth_tensor *table, berth_tensor ids, berth_tensor y,
@@ -209,22 +223,24 @@ static berth_status attention_block(struct g4_step *st, int i)
     berth_status r;
 
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
-    berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
+    berth_tensor a = act(st, sc->a, D, T, 1);
     berth_tensor q = act(st, sc->q, hd, H, T), att = act(st, sc->att, hd, H, T);
     berth_tensor k = act(st, sc->k, hd, K, T), v = act(st, sc->v, hd, K, T);
 
-    if ((r = op_rms(st, xin, &lw->input_norm, NULL, u, "input_layernorm")) != BERTH_OK)
-        return r;
+    /* input_layernorm is each projection's norm prologue: the projections read the residual stream directly */
+    const berth_tensor *in_norm = &lw->input_norm;
     const int fused_qkv = st->fused && lw->qkv.ne[0] != 0;
     if (fused_qkv) {
         /* One product into rows of [q | k | v]; q, k and v are strided views of it. */
         const int64_t nq = H * hd, nk = K * hd, nrow = lw->qkv.ne[1];
-        if ((r = op_matmul(st, u, &lw->qkv, act(st, sc->qkv, nrow, T, 1), "q_proj + k_proj + v_proj")) != BERTH_OK)
+        if ((r = op_matmul_norm(st, xin, &lw->qkv, act(st, sc->qkv, nrow, T, 1), in_norm,
+                                "q_proj + k_proj + v_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         q = qkv_view(st, 0, hd, H, nrow);
         k = qkv_view(st, nq, hd, K, nrow);
         v = ly->v_from_k ? k : qkv_view(st, nq + nk, hd, K, nrow);
-    } else if ((r = op_matmul(st, u, &lw->q_proj, act(st, sc->q, H * hd, T, 1), "q_proj")) != BERTH_OK) {
+    } else if ((r = op_matmul_norm(st, xin, &lw->q_proj, act(st, sc->q, H * hd, T, 1), in_norm,
+                                   "q_proj (input_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
     if ((r = op_rms(st, q, &lw->q_norm, NULL, q, "q_norm")) != BERTH_OK)
@@ -246,11 +262,13 @@ static berth_status attention_block(struct g4_step *st, int i)
     }
 
     if (!ly->kv_shared) {
-        if (!fused_qkv && (r = op_matmul(st, u, &lw->k_proj, act(st, sc->k, K * hd, T, 1), "k_proj")) != BERTH_OK)
+        if (!fused_qkv && (r = op_matmul_norm(st, xin, &lw->k_proj, act(st, sc->k, K * hd, T, 1), in_norm,
+                                              "k_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         /* With attention_k_eq_v (full layers) V is the raw K projection (before k_norm and RoPE). */
         if (!fused_qkv && !ly->v_from_k &&
-            (r = op_matmul(st, u, &lw->v_proj, act(st, sc->v, K * hd, T, 1), "v_proj")) != BERTH_OK)
+            (r = op_matmul_norm(st, xin, &lw->v_proj, act(st, sc->v, K * hd, T, 1), in_norm,
+                                "v_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         berth_kv_append_params p;
         memset(&p, 0, sizeof p);
@@ -310,20 +328,22 @@ static berth_status mlp_block(struct g4_step *st, int i)
     berth_status r;
 
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
-    berth_tensor u = act(st, sc->u, D, T, 1), a = act(st, sc->a, D, T, 1);
+    berth_tensor a = act(st, sc->a, D, T, 1);
     berth_tensor gate = act(st, sc->gate, I, T, 1), up = act(st, sc->up, I, T, 1);
-    if ((r = op_rms(st, xin, &lw->pre_ff_norm, NULL, u, "pre_feedforward_layernorm")) != BERTH_OK)
-        return r;
+    /* pre_feedforward_layernorm is the gate/up products' norm prologue */
+    const berth_tensor *ff_norm = &lw->pre_ff_norm;
     if (st->fused && lw->gate_up.ne[0] != 0) {
         /* One product into rows of [gate | up]; the GLU and down_proj read strided views of it. */
-        if ((r = op_matmul(st, u, &lw->gate_up, act(st, sc->gate, 2 * I, T, 1), "mlp.gate_proj + mlp.up_proj")) !=
-            BERTH_OK)
+        if ((r = op_matmul_norm(st, xin, &lw->gate_up, act(st, sc->gate, 2 * I, T, 1), ff_norm,
+                                "mlp.gate_proj + mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK)
             return r;
         gate.nb[1] = up.nb[1] = 2 * I * 4;
         gate.nb[2] = gate.nb[3] = up.nb[2] = up.nb[3] = gate.nb[1] * T;
         up.offset = gate.offset + (uint64_t)I * 4u;
-    } else if ((r = op_matmul(st, u, &lw->gate_proj, gate, "mlp.gate_proj")) != BERTH_OK ||
-               (r = op_matmul(st, u, &lw->up_proj, up, "mlp.up_proj")) != BERTH_OK) {
+    } else if ((r = op_matmul_norm(st, xin, &lw->gate_proj, gate, ff_norm,
+                                   "mlp.gate_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK ||
+               (r = op_matmul_norm(st, xin, &lw->up_proj, up, ff_norm,
+                                   "mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
     if ((r = op_geglu(st, gate, up, "mlp")) != BERTH_OK ||

@@ -51,6 +51,7 @@ static void canon(int32_t op, void *p)
     case BERTH_OP_MATMUL: {
         berth_matmul_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->bias), canon_tensor(&q->y);
+        canon_tensor(&q->x_norm_w);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -122,8 +123,12 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     switch (op) {
     case BERTH_OP_MATMUL: {
         const berth_matmul_params *q = p;
-        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations)", site, g4_dtype_name(q->w.dtype),
-                 (long long)q->w.ne[1], (long long)q->w.ne[0]);
+        char ndesc[64] = "";
+        if (q->x_norm_mode != BERTH_NORM_W_NONE)
+            snprintf(ndesc, sizeof ndesc, ", RMS-norm prologue with %s %s", g4_dtype_name(q->x_norm_w.dtype),
+                     norm_name(q->x_norm_mode));
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s)", site, g4_dtype_name(q->w.dtype),
+                 (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc);
         break;
     }
     case BERTH_OP_GET_ROWS: {

@@ -1,5 +1,5 @@
 /*
- * test_cuda_dense.c — the CUDA backend's dense ops (matmul, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
+ * test_cuda_dense.c — the CUDA backend's dense ops (matmul and its norm prologue, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
  * unary, glu, binary, copy) against the CPU backend on fresh random inputs (tests/cuda_ops/harness.h).
  *
  * Tolerances. Both backends compute in fp32 but sum in different orders, so results agree to rounding:
@@ -313,6 +313,83 @@ END_TEST
  * rms_norm */
 
 static const char *const wmode_names[] = {"W_NONE", "W", "W_ONE_PLUS", "UNIT"};
+
+/* The RMS-norm prologue (x_norm_mode): every path (GEMV buckets with 16-byte and scalar loads, the cuBLAS gather;
+ * matmul_skinny.cu declines it), weight modes W / W_ONE_PLUS (bf16 or f32 norm weight) and UNIT, strided x.
+ * The normalised rows have rms about 1 (w_norm in [-1, 1]), about sqrt(3) times the plain cases' x: the same
+ * bounds, doubled. */
+struct mm_norm_case {
+    int64_t M, K, N;
+    berth_dtype wdt;
+    int mode;
+    berth_dtype nwdt;
+    int xview;
+};
+
+static const struct mm_norm_case mm_norm_cases[] = {
+    {1, 1536, 2048, BF16, BERTH_NORM_W, BF16, XV_PACKED},   {3, 1536, 2048, BF16, BERTH_NORM_W, BF16, XV_PACKED},
+    {8, 1536, 2048, BF16, BERTH_NORM_W, BF16, XV_PACKED},   {32, 1536, 2048, BF16, BERTH_NORM_W, BF16, XV_PACKED},
+    {1, 1536, 2048, BF16, BERTH_NORM_UNIT, BF16, XV_PACKED}, {3, 1536, 2048, BF16, BERTH_NORM_UNIT, BF16, XV_PACKED},
+    {8, 1536, 2048, BF16, BERTH_NORM_UNIT, BF16, XV_PACKED}, {32, 1536, 2048, BF16, BERTH_NORM_UNIT, BF16, XV_PACKED},
+    {1, 1536, 12288, BF16, BERTH_NORM_W, BF16, XV_PACKED},  {2, 264, 37, F16, BERTH_NORM_W_ONE_PLUS, BF16, XV_PACKED},
+    {1, 77, 33, F32, BERTH_NORM_W, F32, XV_PACKED},         {5, 77, 33, BF16, BERTH_NORM_W_ONE_PLUS, F32, XV_PACKED},
+    {4, 264, 33, F32, BERTH_NORM_UNIT, BF16, XV_PADDED},    {8, 264, 33, BF16, BERTH_NORM_W, BF16, XV_3D},
+    {64, 264, 33, BF16, BERTH_NORM_W, BF16, XV_PADDED},     {64, 77, 33, F16, BERTH_NORM_UNIT, BF16, XV_3D},
+    {32, 1536, 2048, F32, BERTH_NORM_W, BF16, XV_PACKED},   {200, 1536, 513, BF16, BERTH_NORM_W_ONE_PLUS, BF16, XV_PACKED},
+};
+#define N_MM_NORM_CASES ((int)(sizeof mm_norm_cases / sizeof mm_norm_cases[0]))
+
+static void mm_norm_run(const struct mm_norm_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N;
+    char what[160];
+    snprintf(what, sizeof what, "matmul norm prologue %s (w %s) M=%lld K=%lld N=%lld w=%s xview=%d",
+             wmode_names[c->mode], dt_name(c->nwdt), (long long)M, (long long)K, (long long)N, dt_name(c->wdt),
+             c->xview);
+    struct hx_tensor X = c->xview == XV_PACKED   ? hx_new(F32, K, M, 0, 0)
+                         : c->xview == XV_PADDED ? hx_new(F32, K + 7, M, 0, 0)
+                                                 : hx_new(F32, 2 * K + 5, M / 2, 0, 0);
+    hx_rand(&X, -3.0f, 3.0f);
+    struct hx_tensor W = hx_new(c->wdt, K, N, 0, 0), NW = hx_new(c->nwdt, K, 0, 0, 0);
+    hx_rand(&W, -1.0f, 1.0f);
+    hx_rand(&NW, -1.0f, 1.0f);
+    struct hx_tensor Y = hx_new(F32, N, M, 0, 0);
+    berth_matmul_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        if (c->xview == XV_PACKED)
+            p[s].x = X.t[s];
+        else if (c->xview == XV_PADDED)
+            p[s].x = tview(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
+        else
+            p[s].x = tview(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
+        p[s].w = W.t[s];
+        p[s].y = Y.t[s];
+        p[s].x_norm_mode = c->mode;
+        p[s].x_norm_eps = 1e-6f;
+        if (c->mode != BERTH_NORM_UNIT)
+            p[s].x_norm_w = NW.t[s];
+    }
+    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    const double scale = sqrt((double)K);
+    if (bf16_mode() && M > 8)
+        hx_expect_close(&Y, 1.2e-2 * scale, 0.0, what);
+    else
+        hx_expect_close(&Y, 2e-5 * scale, 1e-5, what);
+    hx_expect_close(&X, 0.0, 0.0, what); /* x is read, never written */
+    hx_free(&X);
+    hx_free(&W);
+    hx_free(&NW);
+    hx_free(&Y);
+}
+
+START_TEST(test_matmul_norm_prologue)
+{
+    mm_norm_run(&mm_norm_cases[_i]);
+}
+END_TEST
+
 static const char *const rmode_names[] = {"NONE", "ADD_AFTER", "ADD_BEFORE"};
 
 /* alias: y is x itself. strided: x (and y, residual) are rows of n inside rows of n + 9, 3-D. */
@@ -704,6 +781,7 @@ static Suite *make_suite(void)
     tcase_set_timeout(tc, 240);
     tcase_add_loop_test(tc, test_matmul, 0, N_MM_CASES);
     tcase_add_test(tc, test_matmul_supports);
+    tcase_add_loop_test(tc, test_matmul_norm_prologue, 0, N_MM_NORM_CASES);
     suite_add_tcase(s, tc);
     tc = tcase_create("norm");
     tcase_set_timeout(tc, 120);
