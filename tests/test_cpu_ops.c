@@ -354,6 +354,146 @@ START_TEST(test_matmul_norm_prologue_old_caller)
 }
 END_TEST
 
+/* Two f32 views hold the same bits element by element (and were written: not NaN). */
+static void same_bits(const berth_tensor *got, const berth_tensor *ref, const char *what)
+{
+    FOR_EACH(got, a, b, c, d)
+    {
+        const float g = (float)tget(got, a, b, c, d), r = (float)tget(ref, a, b, c, d);
+        CHECK(!isnan(r) && memcmp(tptr(got, a, b, c, d), tptr(ref, a, b, c, d), 4) == 0,
+              "%s: element (%" PRId64 ", %" PRId64 ", %" PRId64 ", %" PRId64 ") %.9g, unfused %.9g", what, a, b, c, d,
+              (double)g, (double)r);
+    }
+}
+
+/* A fresh tensor of src's shape (padding pad) holding src's values. */
+static struct tt tt_copy(const berth_tensor *src, int pad)
+{
+    struct tt c = tt_new(src->dtype, src->ne[0], src->ne[1], src->ne[2], src->ne[3], pad);
+    FOR_EACH(src, a, b, d, e) memcpy(tptr(&c.t, a, b, d, e), tptr(src, a, b, d, e), dt_size(src->dtype));
+    return c;
+}
+
+/* The gated epilogue is bit-identical to matmul (into z) followed by glu: HALVES (w = [gate | up] rows, bias
+ * {2N}) and MUL (a given up with strided rows, or y itself), with and without the norm prologue. M1 x M2 = rows
+ * of x (y and up are {N, M}). */
+static void matmul_glu_case(int32_t glu, int act, int64_t K, int64_t N, int64_t M1, int64_t M2, berth_dtype wdt,
+                            int pad, int bias, int alias, int prologue)
+{
+    const int64_t M = M1 * M2, WN = glu == BERTH_GLU_HALVES ? 2 * N : N;
+    struct tt x = tt_new(BERTH_DTYPE_F32, K, M1, M2, 1, pad);
+    struct tt w = tt_new(wdt, K, WN, 1, 1, 0);
+    struct tt b = tt_new(BERTH_DTYPE_BF16, WN, 1, 1, 1, 0);
+    struct tt nw = tt_new(BERTH_DTYPE_F32, K, 1, 1, 1, 0);
+    struct tt z = tt_new(BERTH_DTYPE_F32, WN, M, 1, 1, 0);
+    struct tt up = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 2);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, pad);
+    trand(&x.t, -2, 2);
+    trand(&w.t, -1, 1);
+    trand(&b.t, -1, 1);
+    trand(&nw.t, -1, 1);
+    trand(&up.t, -2, 2);
+    tpoison(&z.t);
+    tpoison(&y1.t);
+    tpoison(&y2.t);
+    tsnap(&y2);
+    struct tt up2 = tt_copy(&up.t, 1); /* operand and output of the aliased run */
+    tsnap(&up2);
+    char what[160];
+    snprintf(what, sizeof what, "matmul glu %d act %d K%" PRId64 " N%" PRId64 " M%" PRId64 " %s pad%d bias%d alias%d "
+             "prologue%d", glu, act, K, N, M, dtn(wdt), pad, bias, alias, prologue);
+
+    /* unfused: z = x w^T (+ b), then glu over z's halves or with up */
+    berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .bias = bias ? b.t : absent, .y = z.t};
+    if (prologue) {
+        p.x_norm_mode = BERTH_NORM_W;
+        p.x_norm_eps = 1e-6f;
+        p.x_norm_w = nw.t;
+    }
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s: %s", what, g_last_error);
+    const int64_t ne[4] = {N, M, 1, 1}, nb[4] = {4, z.t.nb[1], z.t.nb[2], z.t.nb[3]};
+    berth_glu_params gp = {.struct_size = sizeof gp, .act = act, .gate = view_of(&z, BERTH_DTYPE_F32, 0, ne, nb),
+                           .up = glu == BERTH_GLU_HALVES ? view_of(&z, BERTH_DTYPE_F32, 4 * (uint64_t)N, ne, nb) : up.t,
+                           .y = y1.t};
+    CHECK(ops->glu(be, st, &gp) == BERTH_OK, "%s: %s", what, g_last_error);
+
+    /* fused */
+    struct tt *out = alias ? &up2 : &y2;
+    p.y = out->t;
+    p.y_glu = glu;
+    p.y_glu_act = act;
+    p.y_glu_up = glu == BERTH_GLU_MUL ? (alias ? up2.t : up.t) : absent;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s: %s", what, g_last_error);
+    same_bits(&out->t, &y1.t, what);
+    tcheck_outside(out, &out->t, what);
+    tt_free(&x);
+    tt_free(&w);
+    tt_free(&b);
+    tt_free(&nw);
+    tt_free(&z);
+    tt_free(&up);
+    tt_free(&up2);
+    tt_free(&y1);
+    tt_free(&y2);
+}
+
+/* Every kernel ISA this CPU runs, 3 threads (uneven column slices), odd sizes, M across the 64-row blocks and K
+ * across several K blocks. */
+START_TEST(test_matmul_glu_epilogue)
+{
+    static const char *const isas[] = {"generic", "avx2", "avx512"};
+    berth_backend *const main_be = be;
+    for (int i = 0; i < 3; i++) {
+        snprintf(g_isa, sizeof g_isa, "%s", isas[i]);
+        berth_backend *b2;
+        if (vt->init(&g_host, 0, &b2) != BERTH_OK)
+            continue; /* this CPU lacks the ISA */
+        be = b2;
+        for (int d = 0; d < 3; d++) {
+            matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0); /* decode */
+            matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_SILU, 67, 37, 5, 1, wdts[d], 1, 1, 0, 1);
+            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0);
+            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_ERF, 96, 9, 2, 3, wdts[d], 1, 1, 0, 1);
+            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 45, 23, 7, 1, wdts[d], 0, 0, 1, 0); /* y is up */
+        }
+        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 1300, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0, 1);
+        matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 1700, 13, 67, 1, BERTH_DTYPE_F16, 0, 0, 1, 1);
+        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_IDENTITY, 1, 5, 9, 1, BERTH_DTYPE_F32, 1, 1, 0, 0); /* K = 1 */
+        be = main_be;
+        vt->destroy(b2);
+    }
+    g_isa[0] = '\0';
+}
+END_TEST
+
+/* A caller compiled before the epilogue (struct_size up to x_norm_w) gets a plain matmul; y_glu NONE too. */
+START_TEST(test_matmul_glu_old_caller)
+{
+    const int64_t K = 40, N = 7, M = 3;
+    struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+    struct tt w = tt_new(BERTH_DTYPE_BF16, K, N, 1, 1, 0);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+    trand(&x.t, -2, 2);
+    trand(&w.t, -1, 1);
+    berth_matmul_params p = {.struct_size = sizeof p, .accumulate = 1, .x = x.t, .w = w.t, .y = y1.t};
+    trand(&y1.t, -1, 1);
+    memcpy(y2.host, y1.host, y1.bytes);
+    ck_assert_int_eq(ops->matmul(be, st, &p), BERTH_OK);
+    p.y = y2.t;
+    p.struct_size = (uint32_t)BERTH_SIZE_TO(berth_matmul_params, x_norm_w);
+    p.y_glu = 77; /* beyond struct_size: never read (and accumulate stays legal) */
+    p.y_glu_act = -3;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    ck_assert_mem_eq(y1.host, y2.host, y1.bytes);
+    tt_free(&x);
+    tt_free(&w);
+    tt_free(&y1);
+    tt_free(&y2);
+}
+END_TEST
+
 /* ---------------------------------------------------------------------------------------------------------------
  * get_rows */
 
@@ -598,6 +738,149 @@ START_TEST(test_rope)
     rope_case(BERTH_ROPE_INTERLEAVED, 32, 0, 8, 0, 1);
     rope_case(BERTH_ROPE_INTERLEAVED, 32, 0, 16, 1, 0);
     rope_case(BERTH_ROPE_HALF, 16, 8, 0, 0, 1);    /* no pairs: a copy */
+}
+END_TEST
+
+/* rms_norm with RoPE (and out_scale) is bit-identical to rms_norm, then rope, then a unary scale: HALF with a
+ * partial pair count (Gemma 4 full layers: pair_offset d/2, n_pairs < d/2), more pairs than one chunk,
+ * INTERLEAVED, strided x, in place, T as ne[2] x ne[3]. */
+static void rms_rope_case(int mode, int64_t d, int32_t pair_offset, int32_t n_pairs, int32_t wm, int in_place,
+                          int pad, float out_scale)
+{
+    const int64_t H = 3, T2 = 2, T3 = 3, T = T2 * T3;
+    struct tt x = tt_new(BERTH_DTYPE_F32, d, H, T2, T3, pad);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, d, H, T2, T3, 0), y2 = tt_new(BERTH_DTYPE_F32, d, H, T2, T3, 1);
+    struct tt w = tt_new(BERTH_DTYPE_BF16, d, 1, 1, 1, 0);
+    struct tt freqs = tt_new(BERTH_DTYPE_F32, n_pairs, 1, 1, 1, 0);
+    int32_t posv[6];
+    for (int t = 0; t < T; t++)
+        posv[t] = irand(0, 70000);
+    struct tt pos = ivec(posv, T);
+    for (int32_t j = 0; j < n_pairs; j++)
+        tset(&freqs.t, j, 0, 0, 0, pow(1e6, -2.0 * j / (double)d));
+    trand(&x.t, -3, 3);
+    trand(&w.t, -1, 1);
+    tpoison(&y1.t);
+    tpoison(&y2.t);
+    tsnap(&y2);
+    char what[128];
+    snprintf(what, sizeof what, "rms_norm rope mode %d d%" PRId64 " off %d pairs %d w%d in_place%d pad%d scale %g",
+             mode, d, pair_offset, n_pairs, wm, in_place, pad, (double)out_scale);
+
+    /* unfused: rms_norm -> y1, rope in place over {d, H, T}, then the scale */
+    berth_rms_norm_params rp = {.struct_size = sizeof rp, .weight_mode = wm, .eps = 1e-6f, .x = x.t, .w = w.t,
+                                .residual = absent, .y = y1.t};
+    CHECK(ops->rms_norm(be, st, &rp) == BERTH_OK, "%s: %s", what, g_last_error);
+    berth_tensor y1t = y1.t; /* rope takes {d, heads, T}: the two token dims flattened */
+    y1t.ne[2] = T, y1t.ne[3] = 1;
+    berth_rope_params ro = {.struct_size = sizeof ro, .mode = mode, .pair_offset = pair_offset, .n_pairs = n_pairs,
+                            .x = y1t, .positions = pos.t, .freqs = freqs.t, .y = y1t};
+    CHECK(ops->rope(be, st, &ro) == BERTH_OK, "%s: %s", what, g_last_error);
+    if (out_scale != 0.0f && out_scale != 1.0f) {
+        berth_unary_params up = {.struct_size = sizeof up, .act = BERTH_ACT_IDENTITY, .in_scale = 1,
+                                 .out_scale = out_scale, .x = y1.t, .y = y1.t};
+        CHECK(ops->unary(be, st, &up) == BERTH_OK, "%s: %s", what, g_last_error);
+    }
+
+    /* fused */
+    rp.y = in_place ? x.t : y2.t;
+    rp.rope_mode = mode;
+    rp.rope_pair_offset = pair_offset;
+    rp.rope_n_pairs = n_pairs;
+    rp.rope_positions = pos.t;
+    rp.rope_freqs = freqs.t;
+    rp.out_scale = out_scale;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &rp), BERTH_OK);
+    CHECK(ops->rms_norm(be, st, &rp) == BERTH_OK, "%s: %s", what, g_last_error);
+    same_bits(in_place ? &x.t : &y2.t, &y1.t, what);
+    if (!in_place)
+        tcheck_outside(&y2, &y2.t, what);
+    tt_free(&x);
+    tt_free(&y1);
+    tt_free(&y2);
+    tt_free(&w);
+    tt_free(&freqs);
+    tt_free(&pos);
+}
+
+START_TEST(test_rms_norm_rope)
+{
+    rms_rope_case(BERTH_ROPE_HALF, 32, 16, 4, BERTH_NORM_W, 0, 1, 0.0f);       /* full layer in miniature */
+    rms_rope_case(BERTH_ROPE_HALF, 32, 16, 16, BERTH_NORM_W_ONE_PLUS, 1, 0, 1.0f); /* every dim, in place */
+    rms_rope_case(BERTH_ROPE_HALF, 512, 256, 64, BERTH_NORM_W, 0, 0, 0.0f);    /* Gemma 4 full layer */
+    rms_rope_case(BERTH_ROPE_HALF, 256, 128, 128, BERTH_NORM_W, 1, 2, 0.0f);   /* sliding: 2 chunks of pairs */
+    rms_rope_case(BERTH_ROPE_HALF, 46, 23, 5, BERTH_NORM_UNIT, 0, 1, -0.375f); /* odd d, rotated and scaled */
+    rms_rope_case(BERTH_ROPE_INTERLEAVED, 34, 0, 8, BERTH_NORM_W, 0, 1, 0.0f);
+    rms_rope_case(BERTH_ROPE_INTERLEAVED, 34, 0, 17, BERTH_NORM_W, 1, 0, 1.75f);
+}
+END_TEST
+
+/* out_scale: y = (residual + norm(x)) * s bit-identical to rms_norm ADD_AFTER then a unary scale; ADD_BEFORE
+ * scales y but not the updated residual; 0 and 1 change nothing. */
+START_TEST(test_rms_norm_out_scale)
+{
+    const int64_t n = 61, R = 5;
+    for (int rm = 0; rm < 3; rm++)
+        for (int k = 0; k < 3; k++) {
+            const float s = k == 0 ? 0.0f : k == 1 ? 1.0f : (float)urand(-2, 2);
+            struct tt x = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 1), w = tt_new(BERTH_DTYPE_F16, n, 1, 1, 1, 0);
+            struct tt r = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0);
+            struct tt y1 = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 2);
+            trand(&x.t, -3, 3);
+            trand(&w.t, -1, 1);
+            trand(&r.t, -1, 1);
+            struct tt r2 = tt_copy(&r.t, 0);
+            tpoison(&y1.t);
+            tpoison(&y2.t);
+            tsnap(&y2);
+            char what[64];
+            snprintf(what, sizeof what, "rms_norm out_scale %g resid %d", (double)s, rm);
+            berth_rms_norm_params p = {.struct_size = sizeof p, .weight_mode = BERTH_NORM_W, .resid_mode = rm,
+                                       .eps = 1e-5f, .x = x.t, .w = w.t, .residual = rm ? r.t : absent, .y = y1.t};
+            CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            if (k == 2) {
+                berth_unary_params u = {.struct_size = sizeof u, .act = BERTH_ACT_IDENTITY, .in_scale = 1,
+                                        .out_scale = s, .x = y1.t, .y = y1.t};
+                CHECK(ops->unary(be, st, &u) == BERTH_OK, "%s", g_last_error);
+            }
+            p.residual = rm ? r2.t : absent;
+            p.y = y2.t;
+            p.out_scale = s;
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &p), BERTH_OK);
+            CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            same_bits(&y2.t, &y1.t, what);
+            tcheck_outside(&y2, &y2.t, what);
+            same_bits(&r2.t, &r.t, what); /* the residual (updated by ADD_BEFORE) is never scaled */
+            tt_free(&x);
+            tt_free(&w);
+            tt_free(&r);
+            tt_free(&r2);
+            tt_free(&y1);
+            tt_free(&y2);
+        }
+}
+END_TEST
+
+/* A caller compiled before the 0.3 fields (struct_size up to y) gets a plain rms_norm whatever follows. */
+START_TEST(test_rms_norm_old_caller)
+{
+    struct tt x = tt_new(BERTH_DTYPE_F32, 16, 2, 3, 1, 0);
+    struct tt y1 = tt_new(BERTH_DTYPE_F32, 16, 2, 3, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, 16, 2, 3, 1, 0);
+    trand(&x.t, -2, 2);
+    berth_rms_norm_params p = {.struct_size = sizeof p, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f, .x = x.t,
+                               .w = absent, .residual = absent, .y = y1.t};
+    ck_assert_int_eq(ops->rms_norm(be, st, &p), BERTH_OK);
+    p.struct_size = (uint32_t)BERTH_SIZE_TO(berth_rms_norm_params, y);
+    p.y = y2.t;
+    p.rope_mode = 9; /* beyond struct_size: never read */
+    p.rope_n_pairs = 4;
+    p.out_scale = NAN;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &p), BERTH_OK);
+    CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    ck_assert_mem_eq(y1.host, y2.host, y1.bytes);
+    tt_free(&x);
+    tt_free(&y1);
+    tt_free(&y2);
 }
 END_TEST
 
@@ -854,6 +1137,69 @@ START_TEST(test_supports_rejections)
     mm.x_norm_mode = BERTH_NORM_W_NONE; /* no prologue: eps and x_norm_w are not read */
     ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
     mm.x_norm_w = absent;
+    /* the gated epilogue */
+    mm.y_glu = 3;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu 3 is not supported");
+    mm.y_glu = BERTH_GLU_MUL;
+    mm.y_glu_act = 9;
+    mm.y_glu_up = qt(F32, 131, 5, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu_act 9 is not supported");
+    mm.y_glu_act = BERTH_ACT_GELU_TANH;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.accumulate = 1;
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: the y_glu epilogue needs accumulate = 0, got 1");
+    mm.accumulate = 0;
+    mm.y_glu_up = qt(F32, 131, 4, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu_up must be ne {N 131, 5 rows} like y, got ne[0] = 131 "
+                                             "with 4 rows");
+    mm.y_glu_up = qt(BERTH_DTYPE_BF16, 131, 5, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu_up dtype bf16 is not supported (supported: f32)");
+    mm.y_glu_up = absent;
+    mm.y_glu = BERTH_GLU_HALVES; /* w's 131 rows cannot be two halves of y's */
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu HALVES needs w ne[1] = 2 * y ne[0] (262), got 131");
+    mm.y = qt(F32, 65, 5, 1, 1);
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: y_glu HALVES needs w ne[1] = 2 * y ne[0] (130), got 131");
+    mm.w = qt(BERTH_DTYPE_F16, 67, 130, 1, 1);
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.bias = qt(F32, 65, 1, 1, 1); /* the bias covers all of w's rows */
+    expect_unsupported(BERTH_OP_MATMUL, &mm, "matmul: bias must be ne {130}, got {65, 1, 1, 1}");
+    mm.bias = qt(F32, 130, 1, 1, 1);
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &mm), BERTH_OK);
+    mm.bias = absent;
+
+    /* rms_norm: RoPE and out_scale */
+    berth_rms_norm_params rn = {.struct_size = sizeof rn, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f,
+                                .x = qt(F32, 32, 2, 3, 1), .y = qt(F32, 32, 2, 3, 1), .rope_mode = BERTH_ROPE_HALF,
+                                .rope_pair_offset = 16, .rope_n_pairs = 4,
+                                .rope_positions = qt(BERTH_DTYPE_I32, 3, 1, 1, 1), .rope_freqs = qt(F32, 4, 1, 1, 1),
+                                .out_scale = 0.5f};
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &rn), BERTH_OK);
+    rn.rope_n_pairs = -1;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: rope_n_pairs -1 is negative");
+    rn.rope_n_pairs = 4;
+    rn.resid_mode = BERTH_RESID_ADD_AFTER;
+    rn.residual = qt(F32, 32, 2, 3, 1);
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: RoPE (rope_n_pairs 4) needs resid_mode NONE, got 1");
+    rn.resid_mode = BERTH_RESID_NONE;
+    rn.residual = absent;
+    rn.rope_mode = 2;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: rope mode 2 is not supported");
+    rn.rope_mode = BERTH_ROPE_HALF;
+    rn.rope_pair_offset = 30;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: pair_offset 30 with 4 pairs needs n_pairs <= pair_offset "
+                                               "and pair_offset + n_pairs <= head dim 32");
+    rn.rope_pair_offset = 16;
+    rn.rope_positions = qt(BERTH_DTYPE_I32, 6, 1, 1, 1); /* one per token, not per row */
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: rope_positions must be ne {3}, got {6, 1, 1, 1}");
+    rn.rope_positions = qt(BERTH_DTYPE_I32, 3, 1, 1, 1);
+    rn.rope_freqs = qt(F32, 5, 1, 1, 1);
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: rope_freqs must be ne {4}, got {5, 1, 1, 1}");
+    rn.rope_freqs = qt(F32, 4, 1, 1, 1);
+    rn.out_scale = INFINITY;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: out_scale inf must be finite");
+    rn.rope_n_pairs = 0; /* out_scale is checked without RoPE too */
+    rn.out_scale = NAN;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: out_scale nan must be finite");
 
     berth_unary_params un = {.struct_size = sizeof un, .act = 9, .x = qt(F32, 8, 2, 1, 1), .y = qt(F32, 8, 2, 1, 1)};
     expect_unsupported(BERTH_OP_UNARY, &un, "unary: activation 9 is not supported");
@@ -934,6 +1280,26 @@ START_TEST(test_supports_rejections)
     bp.a = bp.y = x.t;
     bp.b = b.t;
     expect_error(ops->binary(be, st, &bp), BERTH_E_INVALID, "binary: b ne[1] = 3 must be 1 or a's 4");
+    struct tt q = tt_new(F32, 8, 2, 3, 1, 0), pos = tt_new(BERTH_DTYPE_I32, 2, 1, 1, 1, 0);
+    struct tt fr = tt_new(F32, 2, 1, 1, 1, 0);
+    rn.x = rn.y = q.t;
+    rn.rope_n_pairs = 2;
+    rn.rope_pair_offset = 4;
+    rn.rope_positions = pos.t;
+    rn.rope_freqs = fr.t;
+    rn.out_scale = 1.0f;
+    expect_error(ops->rms_norm(be, st, &rn), BERTH_E_INVALID,
+                 "rms_norm: rope_positions must be ne {3}, got {2, 1, 1, 1}");
+    struct tt w2 = tt_new(F32, 8, 4, 1, 1, 0), y4 = tt_new(F32, 4, 4, 1, 1, 0);
+    berth_matmul_params mx = {.struct_size = sizeof mx, .x = x.t, .w = w2.t, .y = y4.t, .y_glu = BERTH_GLU_HALVES,
+                              .y_glu_act = BERTH_ACT_SILU};
+    expect_error(ops->matmul(be, st, &mx), BERTH_E_INVALID,
+                 "matmul: y_glu HALVES needs w ne[1] = 2 * y ne[0] (8), got 4");
+    tt_free(&q);
+    tt_free(&pos);
+    tt_free(&fr);
+    tt_free(&w2);
+    tt_free(&y4);
     tt_free(&x);
     tt_free(&b);
 }
@@ -949,11 +1315,16 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_matmul_threads_invariant);
     tcase_add_test(tc, test_matmul_norm_prologue);
     tcase_add_test(tc, test_matmul_norm_prologue_old_caller);
+    tcase_add_test(tc, test_matmul_glu_epilogue);
+    tcase_add_test(tc, test_matmul_glu_old_caller);
     tcase_add_test(tc, test_get_rows);
     tcase_add_test(tc, test_rms_norm);
     tcase_add_test(tc, test_layer_norm);
     tcase_add_test(tc, test_gated_rms_norm);
     tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_rms_norm_rope);
+    tcase_add_test(tc, test_rms_norm_out_scale);
+    tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);
     tcase_add_test(tc, test_glu);

@@ -823,8 +823,10 @@ START_TEST(create_info_layout_requirements)
     /* two attention geometries: hd 16 window 8 and hd 32 window 0, both scale 1 */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ATTENTION), 2);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_KV_APPEND), 2);
-    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 2);
-    int seen16 = 0, seen32 = 0;
+    /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
+    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
+    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);
+    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0;
     for (int i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(r[i]);
         ck_assert_uint_eq(r[i]->struct_size, sizeof(berth_requirement));
@@ -853,8 +855,25 @@ START_TEST(create_info_layout_requirements)
         }
         if (r[i]->op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
             ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_F32);
+        if (r[i]->op == BERTH_OP_RMS_NORM) {
+            const berth_rms_norm_params *p = r[i]->params;
+            if (p->rope_n_pairs > 0) { /* q_norm + RoPE: per head, positions per token, the type's pairs */
+                ck_assert_int_eq(p->rope_mode, BERTH_ROPE_HALF);
+                ck_assert_int_eq(p->rope_pair_offset, p->x.ne[0] / 2);
+                ck_assert_int_eq(p->rope_n_pairs, p->x.ne[0] == 16 ? 8 : 4);
+                ck_assert_int_eq(p->x.ne[1], 4);
+                ck_assert_int_eq(p->rope_positions.ne[0], p->x.ne[2]);
+                ck_assert_int_eq(p->rope_freqs.ne[0], p->rope_n_pairs);
+                ck_assert_int_eq(p->resid_mode, BERTH_RESID_NONE);
+                n_rope_norms++;
+            }
+            n_scaled_norms += p->out_scale != 0.0f;
+        }
     }
     ck_assert(seen16 && seen32);
+    ck_assert_int_eq(n_rope_norms, 2);
+    /* out_scale: post_per_layer_input_norm (* layer_scalar) and the per-layer input norm (* 2^-1/2) */
+    ck_assert_int_eq(n_scaled_norms, 2);
     int found = 0;
     for (int i = 0; i < n; i++)
         found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
@@ -882,6 +901,32 @@ START_TEST(create_info_layout_requirements)
         }
     }
     ck_assert_int_gt(prologues, 0);
+    /* the GELU-tanh GLUs: gate|up halves (fused weights), gate_proj times up_proj's output, the PLE gate times
+     * the layer's per-layer input */
+    int halves = 0, mul_mlp = 0, mul_ple = 0;
+    for (int i = 0; i < n; i++) {
+        if (r[i]->op != BERTH_OP_MATMUL)
+            continue;
+        const berth_matmul_params *p = r[i]->params;
+        if (p->y_glu == BERTH_GLU_NONE)
+            continue;
+        ck_assert_int_eq(p->y_glu_act, BERTH_ACT_GELU_TANH);
+        ck_assert_int_eq(p->accumulate, 0);
+        if (p->y_glu == BERTH_GLU_HALVES) {
+            ck_assert_int_eq(p->w.ne[1], 2 * p->y.ne[0]);
+            ck_assert_int_eq(p->y_glu_up.ne[0], 0); /* absent */
+            halves++;
+        } else {
+            ck_assert_int_eq(p->y_glu, BERTH_GLU_MUL);
+            ck_assert_int_eq(p->y_glu_up.ne[0], p->y.ne[0]);
+            ck_assert_int_eq(p->y_glu_up.ne[1], p->y.ne[1]);
+            mul_mlp += strstr(r[i]->what, "mlp.gate_proj") != NULL;
+            mul_ple += strstr(r[i]->what, "per_layer_input_gate") != NULL;
+        }
+    }
+    ck_assert_int_eq(halves, 2); /* two MLP widths (128, 256) */
+    ck_assert_int_eq(mul_mlp, 2);
+    ck_assert_int_eq(mul_ple, 1);
     vt->destroy(m);
     ck_free(f);
 }
@@ -1322,7 +1367,7 @@ START_TEST(forward_wiring)
     ck_assert_int_eq(g_calls[0].p.gr.table.dtype, BERTH_DTYPE_BF16);
     ck_assert_int_eq(g_calls[0].p.gr.table.ne[1], 256);
 
-    int n_att = 0, n_app = 0, n_mm = 0, n_scalar = 0;
+    int n_att = 0, n_app = 0, n_mm = 0, n_scalar = 0, n_qrope = 0;
     const int win[6] = {8, 8, 0, 8, 8, 0};
     const uint64_t att_off[6] = {1000, 6000, 2000, 6000, 6000, 2000};
     const uint64_t app_off[3] = {1000, 6000, 2000};
@@ -1358,19 +1403,28 @@ START_TEST(forward_wiring)
             n_app++;
         } else if (c->op == BERTH_OP_MATMUL) {
             n_mm++;
-        } else if (c->op == BERTH_OP_UNARY && c->p.un.act == BERTH_ACT_IDENTITY && c->p.un.x.ne[0] == 64) {
-            /* layer_scalar of layer n_scalar (1.0 is skipped: exact no-op) */
-            while (SCALAR[n_scalar] == 1.0f)
-                n_scalar++;
-            ck_assert(c->p.un.out_scale == SCALAR[n_scalar]);
+        } else if (c->op == BERTH_OP_RMS_NORM && c->p.rn.out_scale != 0.0f && c->p.rn.x.ne[0] == 64) {
+            /* layer_scalar of layer n_scalar: the out_scale of its last norm (PLE's, added to the residual) */
+            ck_assert_int_eq(c->p.rn.resid_mode, BERTH_RESID_ADD_AFTER);
+            ck_assert(c->p.rn.out_scale == SCALAR[n_scalar]);
             n_scalar++;
+        } else if (c->op == BERTH_OP_UNARY && c->p.un.act == BERTH_ACT_IDENTITY && c->p.un.x.ne[0] == 64) {
+            ck_abort_msg("a separate scale of the hidden state (layer_scalar is a norm's out_scale)");
+        } else if (c->op == BERTH_OP_RMS_NORM && c->p.rn.rope_n_pairs > 0) {
+            /* q_norm + RoPE in one op: the batch's positions, the layer type's table */
+            ck_assert_ptr_eq(c->p.rn.rope_positions.buf, b.positions.buf);
+            ck_assert_int_eq(c->p.rn.rope_n_pairs, c->p.rn.x.ne[0] == 32 ? 4 : 8);
+            n_qrope++;
+        } else if (c->op == BERTH_OP_ROPE || c->op == BERTH_OP_GLU) {
+            ck_abort_msg("op %d should be fused", c->op);
         }
     }
     ck_assert_int_eq(n_att, 6);
     ck_assert_int_eq(n_app, 3);
     /* 3 owners x (q,k,v,o,gate,up,down,ple gate,ple proj) + 3 shared x 7 + PLE model projection + LM head */
     ck_assert_int_eq(n_mm, 3 * 9 + 3 * 7 + 2);
-    ck_assert_int_eq(n_scalar, 5);
+    ck_assert_int_eq(n_scalar, 6); /* every layer: 1.0 (layer 5) is an exact no-op for the backend */
+    ck_assert_int_eq(n_qrope, 6);
 
     /* tail: gather rows 2,3 -> final norm -> tied head (embed_tokens) into logits -> softcap c = 1 */
     const struct call *last = &g_calls[g_ncalls - 1], *mm = &g_calls[g_ncalls - 2];

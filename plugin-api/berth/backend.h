@@ -123,8 +123,22 @@ typedef struct berth_matmul_params {
     int32_t x_norm_mode;
     float x_norm_eps;
     berth_tensor x_norm_w;
+    /* The gated epilogue (ABI 0.3, appended): when struct_size covers y_glu_up and y_glu != BERTH_GLU_NONE, the
+     * product z = x w^T (+ bias), after the prologue if any, is not stored; instead, with f = y_glu_act
+     * (BERTH_ACT_*), exactly as the glu op computes it:
+     *   BERTH_GLU_HALVES  w ne {K, 2N} holds the gate rows then the up rows (bias, if any, ne {2N}); y ne {N, M}:
+     *                     y[m, n] = f(z[m, n]) * z[m, N + n]          (a fused gate|up projection + GLU)
+     *   BERTH_GLU_MUL     w ne {K, N}; y_glu_up ne {N, M} f32 (rows may be strided; may be y itself):
+     *                     y[m, n] = f(z[m, n]) * y_glu_up[m, n]        (a gate projection times a given up)
+     * accumulate must be 0. Default (older caller or BERTH_GLU_NONE): y = z. */
+    int32_t y_glu;
+    int32_t y_glu_act;
+    berth_tensor y_glu_up;
     /* ABI 0.3: fields above. Append below only. */
 } berth_matmul_params;
+#define BERTH_GLU_NONE 0
+#define BERTH_GLU_HALVES 1
+#define BERTH_GLU_MUL 2
 
 /* y[t, :] = scale * table[ids[t], :]. table ne {D, N} any weight dtype; ids ne {T} i32 (each in [0, N): the
  * caller validates); y ne {D, T} f32. */
@@ -155,6 +169,19 @@ typedef struct berth_rms_norm_params {
     int32_t resid_mode;
     float eps;
     berth_tensor x, w, residual, y;
+    /* ABI 0.2: fields above. Appended in ABI 0.3 (a caller whose struct_size stops short gets the defaults):
+     * RoPE on the normalised rows: when rope_n_pairs > 0, x and y are ne {d, heads, T}, rope_positions ne {T} i32,
+     * rope_freqs ne {rope_n_pairs} f32, and each row (token t = row / heads) is rotated after the weight exactly
+     * as the rope op does (rope_mode, rope_pair_offset, rope_n_pairs as its mode, pair_offset, n_pairs) — q-norm
+     * + RoPE in one op. resid_mode must then be NONE. Default rope_n_pairs 0: no rotation.
+     * out_scale: y, as the modes above define it (for ADD_AFTER: residual + norm(x)), is multiplied by it — a
+     * post-norm residual followed by a per-layer scalar in one op (ADD_BEFORE's updated residual is not scaled). The default 0.0f (a zeroed struct) means no scaling, as does 1.0f. */
+    int32_t rope_mode;
+    int32_t rope_pair_offset;
+    int32_t rope_n_pairs;
+    float out_scale;
+    berth_tensor rope_positions, rope_freqs;
+    /* ABI 0.3: fields above. Append below only. */
 } berth_rms_norm_params;
 
 /* Layer norm over ne[0]: (x - mean) / sqrt(var + eps) (biased variance), * w + b (each optional), then the

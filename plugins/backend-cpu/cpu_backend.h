@@ -149,6 +149,14 @@ CPU_DECLARE_OP(sample, berth_sample_params)
 void cpu_rms_norm_row(float *v, int64_t n, float eps, int32_t weight_mode, const void *w, berth_dtype wdt);
 /* Rotate the pairs of one head vector v (d floats) in place with precomputed cos/sin per pair. */
 void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs, const float *cs, const float *sn);
+/* y[i] = out_scale * f(in_scale * x[i]) (* u[i] when u is not NULL) over one row of n (elementwise.c): the one
+ * activation routine of unary, glu and the matmul's gated epilogue, so fused and separate ops agree bit for bit.
+ * Each element's result depends only on its inputs, not its place in the row; y may alias x or u. */
+void cpu_act_row(int32_t act, float in_scale, float out_scale, const float *x, const float *u, float *y, int64_t n);
+/* Rotate the heads of one token in place exactly as the rope op does: head h at y0 + h * head_stride bytes
+ * (d floats each), angles (float)pos * freqs[j] for the n_pairs pairs (rope.c). */
+void cpu_rope_token(char *y0, int64_t head_stride, int64_t heads, int32_t mode, int32_t pair_offset,
+                    int32_t n_pairs, float pos, const float *freqs);
 /* Activation functions (BERTH_ACT_*), fp32 through libm. */
 static inline float cpu_act(int32_t act, float x)
 {

@@ -63,9 +63,9 @@ CPU_INLINE bool act_vec(int32_t act, cpu_vf x, cpu_vf *y)
     }
 }
 
-/* y[i] = out_scale * f(in_scale * x[i]) (* u[i] when u is not NULL) over one row. The vector form replaces
- * scalar libm calls (GELU in every FFN, the logit softcap's tanh over the vocabulary); the tail goes through
- * a zero-padded vector so every element gets the same formula wherever it sits in the row. */
+/* cpu_act_row (cpu_backend.h). The vector form replaces scalar libm calls (GELU in every FFN, the logit
+ * softcap's tanh over the vocabulary); the tail goes through a zero-padded vector so every element gets the same
+ * formula wherever it sits in the row. */
 static CPU_MULTIVERSION void act_row(int32_t act, float in_scale, float out_scale, const float *x, const float *u,
                                      float *y, int64_t n)
 {
@@ -91,6 +91,12 @@ static CPU_MULTIVERSION void act_row(int32_t act, float in_scale, float out_scal
         for (int64_t l = 0; i + l < n; l++)
             y[i + l] = v[l] * (u ? u[i + l] : 1.0f);
     }
+}
+
+/* A plain function around the multiversioned one: target_clones would export a non-static symbol's resolver. */
+void cpu_act_row(int32_t act, float in_scale, float out_scale, const float *x, const float *u, float *y, int64_t n)
+{
+    act_row(act, in_scale, out_scale, x, u, y, n);
 }
 
 static void unary_range(const void *arg, int64_t r0, int64_t r1)

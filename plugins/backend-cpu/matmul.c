@@ -20,6 +20,9 @@
  *    match the in-register widening); that is M*K floats, negligible next to N*K weights. The RMS-norm prologue
  *    (x_norm_mode) normalises each row with rms_norm's own row routine just before packing it, so a fused
  *    norm + matmul gives bit-for-bit the result of the two ops.
+ *  - The gated epilogue (y_glu) keeps each thread on its own output columns: it computes the gate (and, for
+ *    HALVES, the matching up) columns of a block of rows into its private scratch and applies the glu op's
+ *    activation routine there, so no second pass over memory and no barrier between threads.
  */
 #include <inttypes.h>
 #include <string.h>
@@ -81,11 +84,15 @@ const struct mm_kernels *mm_kernels_by_name(const char *isa)
 struct mm_ctx {
     const struct mm_kernels *k;
     struct mm_job job;
-    int64_t M, N, K;
+    int64_t M, N, K;     /* N: columns of y (for the HALVES epilogue, half the rows of w) */
     int64_t kb;          /* K block */
     int accumulate;
     const void *bias;    /* NULL when absent */
     berth_dtype bias_dt;
+    /* the gated epilogue (y_glu != NONE): z goes to per-thread scratch, then y = f(gate) * up */
+    const berth_backend *be;
+    const berth_matmul_params *p;
+    int32_t glu, act;
 };
 
 static void mm_task(void *arg, int tid, int nth)
@@ -112,6 +119,50 @@ static void mm_task(void *arg, int tid, int nth)
     }
 }
 
+/* The gated epilogue: this thread's columns [n0, n1) of y, a block of MM_MB rows at a time. The products the
+ * epilogue reads (gate columns n0..n1 and, for HALVES, up columns N+n0..N+n1) go to the thread's own scratch, so
+ * no thread waits for another's columns. Each element's sum runs over the same K blocks in the same order as in
+ * the plain product (the kernels' per-element arithmetic does not depend on the tile it sits in), and the
+ * activation is the glu op's cpu_act_row: the result equals matmul followed by glu bit for bit. */
+static void mm_glu_task(void *arg, int tid, int nth)
+{
+    const struct mm_ctx *c = arg;
+    const berth_matmul_params *p = c->p;
+    int64_t n0, n1;
+    cpu_split(c->N, c->k->nr, tid, nth, &n0, &n1);
+    if (n0 >= n1)
+        return;
+    const int64_t wn = n1 - n0, rows = c->M < MM_MB ? c->M : MM_MB;
+    const int halves = c->glu == BERTH_GLU_HALVES;
+    float **zrow = cpu_thread_scratch(c->be, tid); /* rows pointers for gate, then up (HALVES) */
+    float *z = (float *)(zrow + 2 * MM_MB);
+    /* [0]: gate columns n0.. of w; [1]: up columns N+n0.. (HALVES) */
+    struct mm_job jobs[2] = {c->job, c->job};
+    for (int h = 0; h <= halves; h++) {
+        jobs[h].w = c->job.w + (h * c->N + n0) * c->job.ldw;
+        jobs[h].y = zrow + h * MM_MB;
+        for (int64_t r = 0; r < rows; r++)
+            zrow[h * MM_MB + r] = z + (h * rows + r) * wn;
+    }
+    for (int64_t m0 = 0; m0 < c->M; m0 += MM_MB) {
+        const int64_t m1 = m0 + MM_MB < c->M ? m0 + MM_MB : c->M;
+        for (int h = 0; h <= halves; h++) {
+            jobs[h].xp = c->job.xp + m0 * c->job.ldx;
+            for (int64_t r = 0; r < m1 - m0; r++)
+                for (int64_t n = 0; n < wn; n++)
+                    zrow[h * MM_MB + r][n] = c->bias ? cpu_load(c->bias, c->bias_dt, h * c->N + n0 + n) : 0.0f;
+            for (int64_t k0 = 0; k0 < c->K; k0 += c->kb) {
+                const int64_t k1 = c->K - k0 > c->kb ? k0 + c->kb : c->K;
+                c->k->run(&jobs[h], 0, m1 - m0, 0, wn, k0, k1);
+            }
+        }
+        for (int64_t m = m0; m < m1; m++) {
+            const float *up = halves ? zrow[MM_MB + m - m0] : (const float *)cpu_row(&p->y_glu_up, m) + n0;
+            cpu_act_row(c->act, 1.0f, 1.0f, zrow[m - m0], up, (float *)cpu_row(&p->y, m) + n0, wn);
+        }
+    }
+}
+
 /* K block: the whole row when a handful of x rows are in flight (decode: one pass over each W row keeps the
  * prefetchers streaming), else about MM_X_BLOCK_BYTES of x per block, a multiple of 2*vl. */
 static int64_t pick_kb(const struct mm_kernels *k, int64_t M, int64_t K)
@@ -130,7 +181,9 @@ berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmu
 {
     CPU_OP_BEGIN(be, matmul, p);
     const struct mm_kernels *k = be->mmk;
-    const int64_t M = cpu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
+    const int32_t glu = opck_matmul_glu(p);
+    const int64_t M = cpu_nrows(&p->x), WN = p->w.ne[1], K = p->w.ne[0];
+    const int64_t N = glu == BERTH_GLU_HALVES ? WN / 2 : WN;
     berth_status st = BERTH_OK;
     if (M == 0 || N == 0)
         goto out;
@@ -166,12 +219,25 @@ berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmu
         .accumulate = p->accumulate,
         .bias = p->bias.buf ? cpu_data(&p->bias) : NULL,
         .bias_dt = p->bias.dtype,
+        .be = be,
+        .p = p,
+        .glu = glu,
+        .act = glu != BERTH_GLU_NONE ? p->y_glu_act : BERTH_ACT_IDENTITY,
     };
-    const int max_useful = (int)((N + k->nr - 1) / k->nr);
-    int nth = cpu_threads_for(be, (double)M * (double)N * (double)K, MM_MIN_MACS_PER_THREAD);
-    if (nth > max_useful)
-        nth = max_useful;
-    cpu_pool_run(be->pool, nth, mm_task, &c);
+    const int64_t units = (N + k->nr - 1) / k->nr;
+    int nth = cpu_threads_for(be, (double)M * (double)WN * (double)K, MM_MIN_MACS_PER_THREAD);
+    if (nth > units)
+        nth = (int)units;
+    if (glu == BERTH_GLU_NONE) {
+        cpu_pool_run(be->pool, nth, mm_task, &c);
+        goto out;
+    }
+    /* per thread: 2 * MM_MB row pointers, then up to MM_MB rows of its widest slice (twice for HALVES) */
+    const int64_t wn_max = (units + nth - 1) / nth * k->nr, rows = M < MM_MB ? M : MM_MB;
+    const size_t zbytes = 2 * MM_MB * sizeof(float *) +
+                          (size_t)((glu == BERTH_GLU_HALVES ? 2 : 1) * rows * wn_max) * sizeof(float);
+    if ((st = cpu_scratch_threads(be, zbytes)) == BERTH_OK)
+        cpu_pool_run(be->pool, nth, mm_glu_task, &c);
 out:
     CPU_OP_END(be);
     return st;

@@ -23,6 +23,23 @@ void cpu_rope_apply(float *v, int32_t mode, int32_t pair_offset, int32_t n_pairs
 
 #define ROPE_CHUNK 64 /* pairs whose cos/sin are computed at once (stack arrays) */
 
+void cpu_rope_token(char *y0, int64_t head_stride, int64_t heads, int32_t mode, int32_t pair_offset,
+                    int32_t n_pairs, float pos, const float *freqs)
+{
+    for (int32_t j0 = 0; j0 < n_pairs; j0 += ROPE_CHUNK) {
+        float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
+        const int32_t nj = n_pairs - j0 < ROPE_CHUNK ? n_pairs - j0 : ROPE_CHUNK;
+        for (int32_t j = 0; j < nj; j++) {
+            const float a = pos * freqs[j0 + j];
+            cs[j] = cosf(a);
+            sn[j] = sinf(a);
+        }
+        const int64_t first = mode == BERTH_ROPE_HALF ? j0 : 2 * (int64_t)j0;
+        for (int64_t h = 0; h < heads; h++)
+            cpu_rope_apply((float *)(y0 + h * head_stride) + first, mode, pair_offset, nj, cs, sn);
+    }
+}
+
 static void rope_range(const void *arg, int64_t t0, int64_t t1)
 {
     const berth_rope_params *p = arg;
@@ -35,21 +52,8 @@ static void rope_range(const void *arg, int64_t t0, int64_t t1)
             if (x != y)
                 memmove(y, x, (size_t)d * sizeof *y); /* unrotated elements pass through */
         }
-        const float pos = (float)cpu_i32_at(&p->positions, t);
-        for (int32_t j0 = 0; j0 < p->n_pairs; j0 += ROPE_CHUNK) {
-            float cs[ROPE_CHUNK], sn[ROPE_CHUNK];
-            const int32_t nj = p->n_pairs - j0 < ROPE_CHUNK ? p->n_pairs - j0 : ROPE_CHUNK;
-            for (int32_t j = 0; j < nj; j++) {
-                const float a = pos * freqs[j0 + j];
-                cs[j] = cosf(a);
-                sn[j] = sinf(a);
-            }
-            const int64_t first = p->mode == BERTH_ROPE_HALF ? j0 : 2 * (int64_t)j0;
-            for (int64_t h = 0; h < H; h++) {
-                float *y = (float *)(cpu_data(&p->y) + h * p->y.nb[1] + t * p->y.nb[2]);
-                cpu_rope_apply(y + first, p->mode, p->pair_offset, nj, cs, sn);
-            }
-        }
+        cpu_rope_token(cpu_data(&p->y) + t * p->y.nb[2], p->y.nb[1], H, p->mode, p->pair_offset, p->n_pairs,
+                       (float)cpu_i32_at(&p->positions, t), freqs);
     }
 }
 

@@ -147,6 +147,15 @@ static inline cu_rows cu_rows_of(const berth_tensor *t)
 }
 static __host__ __device__ __forceinline__ int64_t cu_row_off(const cu_rows &r, int64_t i)
 {
+    /* The common cases without 64-bit division (a few hundred instructions each on the GPU, per thread and row):
+     * a 2-D view (every row index is below ne1), then indices that fit 32 bits. */
+    if (i < r.ne1)
+        return i * r.nb1;
+    if (((uint64_t)i | (uint64_t)r.ne1 | (uint64_t)r.ne2) <= 0x7fffffffu) {
+        const uint32_t u = (uint32_t)i, n1 = (uint32_t)r.ne1, n2 = (uint32_t)r.ne2;
+        const uint32_t q1 = u / n1, q2 = q1 / n2;
+        return (int64_t)(u - q1 * n1) * r.nb1 + (int64_t)(q1 - q2 * n2) * r.nb2 + (int64_t)q2 * r.nb3;
+    }
     const int64_t i1 = i % r.ne1;
     i /= r.ne1;
     const int64_t i2 = i % r.ne2;

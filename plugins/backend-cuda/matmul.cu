@@ -103,6 +103,12 @@ struct mm_gemv_args {
     int32_t nw_dt;
     int32_t norm_mode;             /* BERTH_NORM_W / W_ONE_PLUS / UNIT */
     float norm_eps;
+    int32_t nw_vec;                /* nw is 16-byte aligned: a chunk's factors load as one or two vectors */
+    /* the gated epilogue: N counts outputs; with HALVES a team's first R/2 rows are gate rows n, the others the
+     * up rows N + n of the same outputs */
+    int32_t glu;                   /* BERTH_GLU_NONE / HALVES / MUL */
+    int32_t glu_act;
+    const float *u[MM_GEMV_MAX_M]; /* MUL: row m of y_glu_up */
 };
 
 /* Factor the prologue's weight mode applies to x[k]: w, 1 + w, or 1 (UNIT). */
@@ -113,6 +119,54 @@ static __device__ __forceinline__ float mm_norm_factor(const void *nw, int dt, i
     if (mode == BERTH_NORM_W_ONE_PLUS)
         return 1.0f + cu_ld(nw, dt, k);
     return 1.0f;
+}
+
+/* The prologue's weight factors of elements k0 .. k0 + E of x (k0 a multiple of E). With a.nw_vec the bf16/f16
+ * factors come in 8-byte words and f32 ones in float4s (one or two loads instead of E scalar loads, which made
+ * the norm variant of the GEMV issue-bound). */
+template <int E>
+static __device__ __forceinline__ void mm_norm_factors(const mm_gemv_args &a, int64_t k0, float (&nf)[E])
+{
+    if (a.norm_mode == BERTH_NORM_UNIT) {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            nf[e] = 1.0f;
+        return;
+    }
+    if (E % 4 == 0 && a.nw_vec && a.nw_dt != BERTH_DTYPE_F32) {
+#pragma unroll
+        for (int q = 0; q < E / 4; q++) {
+            const uint2 u = reinterpret_cast<const uint2 *>((const unsigned short *)a.nw + k0)[q];
+            if (a.nw_dt == BERTH_DTYPE_BF16) {
+                nf[4 * q + 0] = __uint_as_float(u.x << 16);
+                nf[4 * q + 1] = __uint_as_float(u.x & 0xffff0000u);
+                nf[4 * q + 2] = __uint_as_float(u.y << 16);
+                nf[4 * q + 3] = __uint_as_float(u.y & 0xffff0000u);
+            } else {
+                nf[4 * q + 0] = __half2float(__ushort_as_half((unsigned short)(u.x & 0xffffu)));
+                nf[4 * q + 1] = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
+                nf[4 * q + 2] = __half2float(__ushort_as_half((unsigned short)(u.y & 0xffffu)));
+                nf[4 * q + 3] = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
+            }
+        }
+    } else if (E % 4 == 0 && a.nw_vec) {
+#pragma unroll
+        for (int q = 0; q < E / 4; q++) {
+            const float4 v = reinterpret_cast<const float4 *>((const float *)a.nw + k0)[q];
+            nf[4 * q + 0] = v.x;
+            nf[4 * q + 1] = v.y;
+            nf[4 * q + 2] = v.z;
+            nf[4 * q + 3] = v.w;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            nf[e] = cu_ld(a.nw, a.nw_dt, k0 + e);
+    }
+    if (a.norm_mode == BERTH_NORM_W_ONE_PLUS)
+#pragma unroll
+        for (int e = 0; e < E; e++)
+            nf[e] += 1.0f;
 }
 
 /* 16 bytes of weights, streamed: not kept in L1 (x lives there). A coherent load, not ld.global.nc: with
@@ -213,11 +267,8 @@ static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], float (
     for (int r = 0; r < R; r++)
         ch[r].widen(wf[r]);
     float nf[E];
-    if constexpr (NORM) {
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            nf[e] = mm_norm_factor(a.nw, a.nw_dt, a.norm_mode, c * E + e);
-    }
+    if constexpr (NORM)
+        mm_norm_factors<E>(a, c * E, nf);
 #pragma unroll
     for (int m = 0; m < MB; m++) {
         float xv[E];
@@ -237,24 +288,37 @@ static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], float (
     }
 }
 
-/* Final value of y[m, n0 + r] for t = m*R + r: * rstd (the prologue's; 1 without), + bias, + old y when
- * accumulating. */
-template <int MB, int R, bool NORM>
-static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int t, float v, float sumsq)
+/* Final value of output (m, n0 + j): the product v (and vu, the up row's, with HALVES) * rstd (the prologue's;
+ * 1 without), + bias, then the gated epilogue, + old y when accumulating (never with an epilogue). */
+template <int MB, bool NORM>
+static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int m, int j, float v,
+                                                     float vu, float sumsq)
 {
-    const int m = t / R;
-    const int64_t n = n0 + t % R;
+    const int64_t n = n0 + j;
     if (m >= a.M || n >= a.N)
         return;
     float *yr = a.y[0];
+    const float *ur = a.u[0];
 #pragma unroll
     for (int q = 1; q < MB; q++) /* static indices: a dynamic one would copy the params to local memory */
-        if (q == m)
+        if (q == m) {
             yr = a.y[q];
-    if constexpr (NORM)
-        v *= 1.0f / sqrtf(sumsq / (float)a.K + a.norm_eps); /* rms_norm's rstd, as the CPU backend computes it */
-    if (a.bias)
+            ur = a.u[q];
+        }
+    if constexpr (NORM) {
+        const float rstd = 1.0f / sqrtf(sumsq / (float)a.K + a.norm_eps); /* rms_norm's, as the CPU computes it */
+        v *= rstd;
+        vu *= rstd;
+    }
+    if (a.bias) {
         v += cu_ld(a.bias, a.bias_dt, n);
+        if (a.glu == BERTH_GLU_HALVES)
+            vu += cu_ld(a.bias, a.bias_dt, a.N + n);
+    }
+    if (a.glu == BERTH_GLU_HALVES)
+        v = cu_act(a.glu_act, v) * vu;
+    else if (a.glu == BERTH_GLU_MUL)
+        v = cu_act(a.glu_act, v) * ur[n];
     if (a.accumulate)
         v += yr[n];
     yr[n] = v;
@@ -286,7 +350,8 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
     const int tpr = 1 << a.tpr_log2;
     const int team = (int)threadIdx.x >> a.tpr_log2;
     const int t = (int)threadIdx.x & (tpr - 1);
-    const int64_t n0 = ((int64_t)blockIdx.x * (MM_THREADS >> a.tpr_log2) + team) * R;
+    const int RO = a.glu == BERTH_GLU_HALVES ? R / 2 : R; /* outputs per team */
+    const int64_t n0 = ((int64_t)blockIdx.x * (MM_THREADS >> a.tpr_log2) + team) * RO;
     const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
 
     const float *xr[MB];
@@ -295,8 +360,11 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
         xr[m] = a.x[m];
     const char *wr[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) /* rows past N repeat the last row: loads stay in bounds, results are dropped */
-        wr[r] = a.w + (n0 + r < a.N ? n0 + r : a.N - 1) * a.ldw;
+    for (int r = 0; r < R; r++) { /* outputs past N repeat the last one: loads stay in bounds, results dropped */
+        int64_t n = n0 + (r < RO ? r : r - RO);
+        n = n < a.N ? n : a.N - 1;
+        wr[r] = a.w + (r < RO ? n : a.N + n) * a.ldw; /* r >= RO only with HALVES: the up row of output n */
+    }
 
     float acc[MB][R], ss[MB];
 #pragma unroll
@@ -360,28 +428,35 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
                     red[warp][MB * R + m] = ss[m];
             }
         __syncthreads();
-        if (active && t < MB * R) {
-            const int wpt = tpr >> 5, w0 = team * wpt;
-            float v = 0.0f, sq = 0.0f;
+        if (active && t < MB * RO) { /* thread t stores output (t / RO, n0 + t % RO) */
+            const int wpt = tpr >> 5, w0 = team * wpt, m = t / RO, j = t % RO;
+            float v = 0.0f, vu = 0.0f, sq = 0.0f;
             for (int q = 0; q < wpt; q++) {
-                v += red[w0 + q][t];
+                v += red[w0 + q][m * R + j];
+                if (RO < R)
+                    vu += red[w0 + q][m * R + j + RO];
                 if constexpr (NORM)
-                    sq += red[w0 + q][MB * R + t / R];
+                    sq += red[w0 + q][MB * R + m];
             }
-            mm_gemv_store<MB, R, NORM>(a, n0, t, v, sq);
+            mm_gemv_store<MB, NORM>(a, n0, m, j, v, vu, sq);
         }
-    } else if (active && t < MB * R) { /* every lane holds every sum: lane t stores sum t */
-        float v = 0.0f, sq = 0.0f;
+    } else if (active && t < MB * RO) { /* every lane holds every sum: lane t stores output t */
+        const int mo = t / RO, j = t % RO;
+        float v = 0.0f, vu = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int m = 0; m < MB; m++) {
 #pragma unroll
             for (int r = 0; r < R; r++)
-                if (m * R + r == t)
-                    v = acc[m][r];
-            if (NORM && m == t / R)
+                if (m == mo) {
+                    if (r == j)
+                        v = acc[m][r];
+                    if (r == j + RO)
+                        vu = acc[m][r];
+                }
+            if (NORM && m == mo)
                 sq = ss[m];
         }
-        mm_gemv_store<MB, R, NORM>(a, n0, t, v, sq);
+        mm_gemv_store<MB, NORM>(a, n0, mo, j, v, vu, sq);
     }
 }
 
@@ -421,30 +496,75 @@ struct mm_norm {
     float eps;
 };
 
+/* Four consecutive values to out_dt at element i of out (i a multiple of 4, out 16-byte aligned there for f32,
+ * 8-byte for bf16/f16). */
+static __device__ __forceinline__ void mm_st4(void *out, int dt, int64_t i, float4 v)
+{
+    if (dt == BERTH_DTYPE_F32) {
+        reinterpret_cast<float4 *>((float *)out + i)[0] = v;
+    } else if (dt == BERTH_DTYPE_BF16) {
+        __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        uint2 u;
+        u.x = *reinterpret_cast<uint32_t *>(&lo);
+        u.y = *reinterpret_cast<uint32_t *>(&hi);
+        reinterpret_cast<uint2 *>((__nv_bfloat16 *)out + i)[0] = u;
+    } else {
+        __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+        uint2 u;
+        u.x = *reinterpret_cast<uint32_t *>(&lo);
+        u.y = *reinterpret_cast<uint32_t *>(&hi);
+        reinterpret_cast<uint2 *>((__half *)out + i)[0] = u;
+    }
+}
+
 /* out[m*ldo + k] = x[m][k] rounded to out_dt (f32: a plain gather). With the prologue, x[m][k] * rstd(m) * the
- * weight factor first: every block of row m computes rstd(m) over the whole row (K floats, L2-resident), so the
- * grid needs no second pass. */
+ * weight factor first. One block per row (the grid loops over rows): the block reduces the row's sum of squares
+ * once, then converts the row; VEC (rows 16-byte aligned, K % 4 == 0) moves it in float4s. An earlier version
+ * spread a row over several blocks of one element per thread, and every block recomputed rstd: at prefill sizes
+ * that ran at a quarter of the bandwidth. */
+template <bool VEC>
 __global__ void mm_pack_x_kernel(const cu_rows x, int64_t M, int64_t K, void *out, int64_t ldo, int out_dt,
                                  const mm_norm nrm)
 {
     __shared__ float scratch[32];
     cu_pdl_trigger();
     cu_pdl_wait();
-    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) { /* uniform over the block: cu_block_sum is safe */
-        const float *xr = (const float *)(x.base + cu_row_off(x, m));
+    const bool norm = nrm.mode != BERTH_NORM_W_NONE;
+    for (int64_t m = blockIdx.x; m < M; m += gridDim.x) { /* uniform over the block: cu_block_sum is safe */
+        const float *xr = (const float *)cu_row(x, m);
         float rstd = 1.0f;
-        if (nrm.mode != BERTH_NORM_W_NONE) {
+        if (norm) {
             float ss = 0.0f;
-            for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
-                ss = fmaf(xr[k], xr[k], ss);
+            if (VEC) {
+                for (int64_t q = threadIdx.x; q < K / 4; q += blockDim.x) {
+                    const float4 v = reinterpret_cast<const float4 *>(xr)[q];
+                    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+                }
+            } else {
+                for (int64_t k = threadIdx.x; k < K; k += blockDim.x)
+                    ss = fmaf(xr[k], xr[k], ss);
+            }
             ss = cu_block_sum(ss, scratch);
             rstd = 1.0f / sqrtf(ss / (float)K + nrm.eps); /* rms_norm's rstd, as the CPU backend computes it */
         }
-        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
-            float v = xr[k];
-            if (nrm.mode != BERTH_NORM_W_NONE)
-                v = v * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, k);
-            cu_st(out, out_dt, m * ldo + k, v);
+        if (VEC) {
+            for (int64_t q = threadIdx.x; q < K / 4; q += blockDim.x) {
+                float4 v = reinterpret_cast<const float4 *>(xr)[q];
+                if (norm) {
+                    v.x = v.x * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, 4 * q + 0);
+                    v.y = v.y * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, 4 * q + 1);
+                    v.z = v.z * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, 4 * q + 2);
+                    v.w = v.w * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, 4 * q + 3);
+                }
+                mm_st4(out, out_dt, m * ldo + 4 * q, v);
+            }
+        } else {
+            for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+                float v = xr[k];
+                if (norm)
+                    v = v * rstd * mm_norm_factor(nrm.w, nrm.dt, nrm.mode, k);
+                cu_st(out, out_dt, m * ldo + k, v);
+            }
         }
     }
 }
@@ -464,6 +584,31 @@ __global__ void mm_epilogue_kernel(const cu_rows y, int64_t M, int64_t N, const 
             if (tmp)
                 v += tmp[m * ldt + n];
             yr[n] = v;
+        }
+    }
+}
+
+/* The gated epilogue after a cuBLAS product into z (rows ldz floats apart): y[m, n] = f(g) * u with g = z[m, n]
+ * (+ bias[n]) and u = z[m, N + n] (+ bias[N + n]) for HALVES, y_glu_up[m][n] for MUL. Each thread takes a few
+ * outputs of one row (the grid is sized for ~4 per thread). y may alias up (each element is read, then written,
+ * by one thread); z is the workspace. */
+__global__ void mm_glu_kernel(const float *__restrict__ z, int64_t ldz, const cu_rows y, const cu_rows up, int64_t M,
+                              int64_t N, const void *bias, int bias_dt, int mode, int act)
+{
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    for (int64_t m = blockIdx.y; m < M; m += gridDim.y) {
+        float *yr = (float *)cu_row(y, m);
+        const float *ur = mode == BERTH_GLU_MUL ? (const float *)cu_row(up, m) : nullptr;
+        const float *zr = z + m * ldz;
+        for (int64_t n = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; n < N; n += (int64_t)gridDim.x * blockDim.x) {
+            float g = zr[n], u = mode == BERTH_GLU_HALVES ? zr[N + n] : ur[n];
+            if (bias) {
+                g += cu_ld(bias, bias_dt, n);
+                if (mode == BERTH_GLU_HALVES)
+                    u += cu_ld(bias, bias_dt, N + n);
+            }
+            yr[n] = cu_act(act, g) * u;
         }
     }
 }
@@ -499,11 +644,33 @@ static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_ma
         nrm.dt = p->x_norm_w.dtype;
         nrm.eps = p->x_norm_eps;
     }
-    dim3 grid;
-    mm_grid2(K, M, &grid);
-    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_pack_x_kernel, cu_rows_of(&p->x), M, K, out,
-                                    ldo, out_dt, nrm);
+    /* float4 reads need every row 16-byte aligned; the writes then are too (out is, and ldo * size is a multiple
+     * of 16 bytes for the callers' ldo, rounded up to 4 or 8 elements) */
+    const cu_rows xr = cu_rows_of(&p->x);
+    const size_t os = mm_dtype_size(out_dt);
+    const bool vec = K % 4 == 0 && (uintptr_t)xr.base % 16 == 0 && xr.nb1 % 16 == 0 && xr.nb2 % 16 == 0 &&
+                     xr.nb3 % 16 == 0 && (uintptr_t)out % 16 == 0 && ((size_t)ldo * os) % 16 == 0;
+    const unsigned blocks = (unsigned)(M < 65535 ? M : 65535);
+    const cudaError_t e = vec ? cu_launch(be, s->cs, dim3(blocks), dim3(256), 0, mm_pack_x_kernel<true>, xr, M, K,
+                                          out, ldo, out_dt, nrm)
+                              : cu_launch(be, s->cs, dim3(blocks), dim3(256), 0, mm_pack_x_kernel<false>, xr, M, K,
+                                          out, ldo, out_dt, nrm);
     return cu_check(be, e, "matmul: pack_x kernel");
+}
+
+/* y from z (M rows of Nz floats, ldz apart) through p's gated epilogue. */
+static berth_status mm_glu(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t Nz,
+                           const float *z, int64_t ldz)
+{
+    const int32_t mode = opck_matmul_glu(p);
+    const int64_t N = mode == BERTH_GLU_HALVES ? Nz / 2 : Nz;
+    int64_t gx = (N + 1023) / 1024, gy = M;
+    const dim3 grid((unsigned)(gx < 1 ? 1 : gx > 65535 ? 65535 : gx), (unsigned)(gy > 65535 ? 65535 : gy), 1);
+    const cu_rows up = mode == BERTH_GLU_MUL ? cu_rows_of(&p->y_glu_up) : cu_rows_of(&p->y);
+    const cudaError_t e = cu_launch(be, s->cs, grid, dim3(256), 0, mm_glu_kernel, z, ldz, cu_rows_of(&p->y), up, M, N,
+                                    (const void *)(p->bias.buf ? cu_ptr(&p->bias) : NULL), (int)p->bias.dtype,
+                                    (int)mode, (int)p->y_glu_act);
+    return cu_check(be, e, "matmul: glu epilogue kernel");
 }
 
 static berth_status mm_epilogue(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M,
@@ -546,7 +713,9 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     a.w = cu_ptr(&p->w);
     a.ldw = N > 1 ? p->w.nb[1] : K * es;
     a.K = K;
-    a.N = N;
+    a.glu = opck_matmul_glu(p);
+    a.glu_act = a.glu != BERTH_GLU_NONE ? p->y_glu_act : BERTH_ACT_IDENTITY;
+    a.N = a.glu == BERTH_GLU_HALVES ? N / 2 : N; /* outputs */
     a.M = (int32_t)M;
     a.accumulate = p->accumulate;
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
@@ -557,16 +726,19 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         a.norm_eps = p->x_norm_eps;
         a.nw = opck_norm_has_weight(a.norm_mode) ? cu_ptr(&p->x_norm_w) : NULL;
         a.nw_dt = p->x_norm_w.dtype;
+        a.nw_vec = a.nw && (uintptr_t)a.nw % 16 == 0;
     }
     /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
 
     const cu_rows xr = cu_rows_of(&p->x), yr = cu_rows_of(&p->y);
+    const cu_rows ur = a.glu == BERTH_GLU_MUL ? cu_rows_of(&p->y_glu_up) : yr;
     bool x_aligned = true;
     for (int64_t m = 0; m < M; m++) {
         a.x[m] = (const float *)(xr.base + cu_row_off(xr, m));
         a.y[m] = (float *)(yr.base + cu_row_off(yr, m));
+        a.u[m] = (const float *)(ur.base + cu_row_off(ur, m));
         x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
     }
     if (vec && !x_aligned) { /* the vector kernel reads x in float4s: gather the rows, 16-byte aligned */
@@ -583,11 +755,13 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     for (int64_t m = M; m < MM_GEMV_MAX_M; m++) {
         a.x[m] = a.x[0];
         a.y[m] = a.y[0];
+        a.u[m] = a.u[0];
     }
 
     const int mb = M <= 1 ? 1 : M <= 2 ? 2 : M <= 4 ? 4 : 8;
     const int64_t R = mb <= 2 ? 2 : 4; /* as mm_gemv_launch_mb */
-    const int64_t groups = (N + R - 1) / R;
+    const int64_t RO = a.glu == BERTH_GLU_HALVES ? R / 2 : R; /* outputs per team */
+    const int64_t groups = (a.N + RO - 1) / RO;
     /* team size: the largest power of two that keeps groups * tpr within n_sms * 1024 threads (32 warps per SM:
      * one wave at the ~40 resident warps the M = 1 kernel's registers allow, and 16+ warps of loads in flight),
      * 32..256, and no wider than the row has chunks */
@@ -663,8 +837,17 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     const int64_t ldw = N > 1 ? p->w.nb[1] / wes : K; /* packed: K */
     berth_status st;
 
-    if (K == 0) /* no product: y = (accumulate ? y : 0) + bias */
+    const bool glu = opck_matmul_glu(p) != BERTH_GLU_NONE; /* z goes to the workspace, then the glu kernel */
+    if (K == 0 && !glu) /* no product: y = (accumulate ? y : 0) + bias */
         return mm_epilogue(be, s, p, M, N, NULL, 0);
+    if (K == 0) { /* z = 0 (+ bias, which the glu kernel adds) */
+        void *z = NULL;
+        if ((st = cu_stream_ws(be, s, (size_t)(M * N) * sizeof(float), &z)) != BERTH_OK ||
+            (st = cu_check(be, cudaMemsetAsync(z, 0, (size_t)(M * N) * sizeof(float), s->cs), "matmul: memset")) !=
+                BERTH_OK)
+            return st;
+        return mm_glu(be, s, p, M, N, (const float *)z, N);
+    }
 
     /* Operands and workspace layout: [x gathered/converted][y result][widened w slab]. The norm prologue is
      * applied by the gather, so x is then always gathered. */
@@ -672,7 +855,7 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     const int64_t ldx_direct = x_to_w || norm ? 0 : mm_blas_ld(&p->x, K);
     const int64_t ldx = ldx_direct ? ldx_direct : mm_round_up(K, 8);
     const size_t x_bytes = ldx_direct ? 0 : (size_t)(M * ldx) * (x_to_w ? 2 : 4);
-    const int64_t ldy_direct = mm_blas_ld(&p->y, N);
+    const int64_t ldy_direct = glu ? 0 : mm_blas_ld(&p->y, N);
     const int64_t ldc = ldy_direct ? ldy_direct : N;
     const size_t t_bytes = ldy_direct ? 0 : (size_t)(M * N) * sizeof(float);
     int64_t slab = N;
@@ -752,6 +935,8 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
                 return st;
         }
     }
+    if (glu)
+        return mm_glu(be, s, p, M, N, C, N);
     if (!ldy_direct)
         return mm_epilogue(be, s, p, M, N, C, N);
     return BERTH_OK;
@@ -783,7 +968,8 @@ berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul
     if (M <= MM_GEMV_MAX_M)
         return mm_gemv(be, s, p, M, N, K);
     bool ran = false; /* matmul_skinny.cu: batched-decode M in bf16 mode; when it declines, cuBLAS */
-    if (opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE) { /* the skinny kernel has no norm prologue */
+    if (opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && opck_matmul_glu(p) == BERTH_GLU_NONE) {
+        /* the skinny kernel has neither the norm prologue nor the gated epilogue */
         const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
         if (st != BERTH_OK || ran)
             return st;

@@ -23,6 +23,8 @@
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
 
+#include <inttypes.h>
+
 #define NM_WARP_MAX 1024 /* general kernels: rows up to this many elements get a warp each */
 #define NM_VEC_WARP_MAX 512  /* fast rms_norm: rows up to this many elements get a warp each (4 float4 per lane) */
 #define NM_VEC_MAX 8192      /* fast rms_norm: longest row (1024 threads x 2 float4) */
@@ -97,7 +99,13 @@ struct nm_rms_args {
     int32_t wdt, wmode, rmode;
     int32_t w_early;   /* fast kernel: the weight may be read before cu_pdl_wait (a weights buffer) */
     float eps;
+    float oscale;      /* out_scale: y is multiplied by it (1: nothing to do) */
     int64_t n, rows;
+    /* RoPE after the weight (nm_rms_rope_kernel only): row r is head r % heads of token r / heads */
+    const int32_t *pos;
+    const float *freqs;
+    int64_t heads;
+    int32_t rmode_rope, roff, np;
 };
 
 /* General kernel: any row length and layout. */
@@ -129,7 +137,8 @@ __global__ void nm_rms_kernel(const nm_rms_args a)
                 v *= cu_ld(a.w, a.wdt, i);
             else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
                 v *= 1.0f + cu_ld(a.w, a.wdt, i);
-            y[i] = a.rmode == BERTH_RESID_ADD_AFTER ? res[i] + v : v;
+            v = a.rmode == BERTH_RESID_ADD_AFTER ? res[i] + v : v;
+            y[i] = a.oscale != 1.0f ? v * a.oscale : v;
         }
     }
 }
@@ -256,8 +265,76 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
                 o.z = r[j].z + o.z;
                 o.w = r[j].w + o.w;
             }
+            if (a.oscale != 1.0f) {
+                o.x *= a.oscale;
+                o.y *= a.oscale;
+                o.z *= a.oscale;
+                o.w *= a.oscale;
+            }
             y[q] = o;
         }
+    }
+}
+
+/* RMS norm + weight + RoPE (q-norm and rotation in one launch): a warp per row (a head, n <= NM_ROPE_MAX), the
+ * normalised, weighted row staged in the warp's slice of shared memory so each lane can read its element's pair
+ * partner; then each lane writes its elements, rotated exactly as rp_rope_kernel computes them (fp32 angle
+ * (float)pos * freq, precise sincosf, the same two expressions), times out_scale. The row is read whole before
+ * anything is written, so y may alias x. */
+#define NM_ROPE_MAX 1024
+#define NM_ROPE_WARPS 8
+__global__ void __launch_bounds__(32 * NM_ROPE_WARPS) nm_rms_rope_kernel(const nm_rms_args a)
+{
+    extern __shared__ float nm_rope_smem[];
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    float *buf = nm_rope_smem + (int64_t)warp * a.n;
+    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp; row < a.rows;
+         row += (int64_t)gridDim.x * (blockDim.x >> 5)) {
+        const float *x = nm_row(a.x, row);
+        float *y = nm_row(a.y, row);
+        float ss = 0.0f;
+        for (int64_t i = lane; i < a.n; i += 32) {
+            const float v = x[i];
+            buf[i] = v;
+            ss = fmaf(v, v, ss);
+        }
+        ss = cu_warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
+        for (int64_t i = lane; i < a.n; i += 32) { /* own elements only: no barrier needed before */
+            float v = buf[i] * inv;
+            if (a.wmode == BERTH_NORM_W)
+                v *= cu_ld(a.w, a.wdt, i);
+            else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
+                v *= 1.0f + cu_ld(a.w, a.wdt, i);
+            buf[i] = v;
+        }
+        __syncwarp();
+        const float p = (float)a.pos[row / a.heads];
+        for (int64_t i = lane; i < a.n; i += 32) {
+            const float v = buf[i];
+            float o = v;
+            int64_t j = -1, partner = 0; /* pair j, its other element; first: i is the pair's first element */
+            bool first = false;
+            if (a.rmode_rope == BERTH_ROPE_HALF) {
+                if (i < a.np) {
+                    j = i, partner = i + a.roff, first = true;
+                } else if (i >= a.roff && i < a.roff + a.np) {
+                    j = i - a.roff, partner = j, first = false;
+                }
+            } else if (i < 2 * (int64_t)a.np) {
+                j = i / 2, first = (i & 1) == 0, partner = first ? i + 1 : i - 1;
+            }
+            if (j >= 0) {
+                float sn, cs;
+                sincosf(p * a.freqs[j], &sn, &cs);
+                const float w = buf[partner];
+                o = first ? v * cs - w * sn : v * cs + w * sn;
+            }
+            y[i] = a.oscale != 1.0f ? o * a.oscale : o;
+        }
+        __syncwarp(); /* buf is rewritten by the next row */
     }
 }
 
@@ -275,7 +352,13 @@ static bool nm_rows_aligned16(const berth_tensor *t)
 bool cu_check_rms_norm(const berth_backend *be, struct opck *c, const berth_rms_norm_params *p)
 {
     (void)be;
-    return opck_rms_norm(c, p);
+    if (!opck_rms_norm(c, p))
+        return false;
+    if (opck_rms_rope_pairs(p) > 0 && p->x.ne[0] > NM_ROPE_MAX)
+        return opck_fail(c, BERTH_E_UNSUPPORTED,
+                         "rms_norm: RoPE on rows of %" PRId64 " elements (the cuda backend rotates rows of up to %d)",
+                         p->x.ne[0], NM_ROPE_MAX);
+    return true;
 }
 
 /* The fast kernel for weight dtype WDT: a warp per row (V float4 per lane, 8 rows per block at most) or a block
@@ -317,8 +400,23 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     a.wdt = p->w.dtype;
     a.w_early = has_w && p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.eps = p->eps;
+    a.oscale = opck_rms_out_scale(p);
     a.n = n;
     a.rows = rows;
+    a.np = opck_rms_rope_pairs(p);
+    if (a.np > 0) {
+        a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
+        a.freqs = (const float *)cu_ptr(&p->rope_freqs);
+        a.heads = p->x.ne[1];
+        a.rmode_rope = p->rope_mode;
+        a.roff = p->rope_pair_offset;
+        const int64_t wpb = rows < NM_ROPE_WARPS ? rows : NM_ROPE_WARPS;
+        const int64_t g = (rows + wpb - 1) / wpb;
+        const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)(g > (1 << 20) ? (1 << 20) : g)),
+                                        dim3((unsigned)(32 * wpb)), (size_t)(wpb * n) * sizeof(float),
+                                        nm_rms_rope_kernel, a);
+        return cu_check(be, e, "rms_norm (RoPE) kernel");
+    }
 
     const size_t wal = !has_w ? 1 : p->w.dtype == BERTH_DTYPE_F32 ? 16 : 8;
     const bool vec = n % 4 == 0 && n <= NM_VEC_MAX && nm_rows_aligned16(&p->x) && nm_rows_aligned16(&p->y) &&

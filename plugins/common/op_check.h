@@ -76,6 +76,21 @@ static inline int32_t opck_matmul_norm_mode(const berth_matmul_params *p)
 {
     return BERTH_HAS(p, berth_matmul_params, x_norm_w) ? p->x_norm_mode : BERTH_NORM_W_NONE;
 }
+/* The matmul's gated epilogue (y_glu, BERTH_GLU_*), BERTH_GLU_NONE when the caller's struct predates it. */
+static inline int32_t opck_matmul_glu(const berth_matmul_params *p)
+{
+    return BERTH_HAS(p, berth_matmul_params, y_glu_up) ? p->y_glu : BERTH_GLU_NONE;
+}
+/* rms_norm's RoPE pairs (0: no rotation) and output scale (1.0f for the default 0.0f), the defaults when the
+ * caller's struct predates the ABI 0.3 fields (they were appended together: rope_freqs is the last). */
+static inline int32_t opck_rms_rope_pairs(const berth_rms_norm_params *p)
+{
+    return BERTH_HAS(p, berth_rms_norm_params, rope_freqs) ? p->rope_n_pairs : 0;
+}
+static inline float opck_rms_out_scale(const berth_rms_norm_params *p)
+{
+    return BERTH_HAS(p, berth_rms_norm_params, rope_freqs) && p->out_scale != 0.0f ? p->out_scale : 1.0f;
+}
 static inline bool opck_act_valid(int32_t act)
 {
     return act >= BERTH_ACT_IDENTITY && act <= BERTH_ACT_EXP;

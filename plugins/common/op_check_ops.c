@@ -24,6 +24,25 @@ static int64_t nrows(const berth_tensor *t)
 static bool check_feature_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t,
                                  int64_t n);
 
+/* The gated epilogue's own parameters (y_glu != NONE): activation, accumulate 0, and for MUL the up operand. */
+static bool check_matmul_glu(struct opck *c, const berth_matmul_params *p, int32_t glu, int64_t N)
+{
+    static const char op[] = "matmul";
+    if (!opck_act_valid(p->y_glu_act))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_glu_act %d is not supported", p->y_glu_act);
+    if (p->accumulate != 0)
+        return opck_fail(c, BERTH_E_INVALID, "matmul: the y_glu epilogue needs accumulate = 0, got %d", p->accumulate);
+    if (glu != BERTH_GLU_MUL)
+        return true;
+    if (!opck_tensor(c, op, "y_glu_up", &p->y_glu_up, OPCK_F32, false))
+        return false;
+    if (p->y_glu_up.ne[0] != N || nrows(&p->y_glu_up) != nrows(&p->y))
+        return opck_fail(c, BERTH_E_INVALID,
+                         "matmul: y_glu_up must be ne {N %" PRId64 ", %" PRId64 " rows} like y, got ne[0] = %" PRId64
+                         " with %" PRId64 " rows", N, nrows(&p->y), p->y_glu_up.ne[0], nrows(&p->y_glu_up));
+    return true;
+}
+
 bool opck_matmul(struct opck *c, const berth_matmul_params *p)
 {
     static const char op[] = "matmul";
@@ -33,16 +52,24 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         !opck_tensor(c, op, "w", &p->w, c->be->weight_dtypes, false) ||
         !opck_tensor(c, op, "y", &p->y, c->be->act_dtypes, true))
         return false;
-    const int64_t K = p->w.ne[0], N = p->w.ne[1];
+    const int32_t glu = opck_matmul_glu(p);
+    if (glu != BERTH_GLU_NONE && glu != BERTH_GLU_HALVES && glu != BERTH_GLU_MUL)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_glu %d is not supported", glu);
+    /* W has K-wide rows: N of them, or 2N (gate rows, then up rows) for the HALVES epilogue; y is N wide. */
+    const int64_t K = p->w.ne[0], WN = p->w.ne[1], N = glu == BERTH_GLU_HALVES ? WN / 2 : WN;
     if (p->w.ne[2] != 1 || p->w.ne[3] != 1)
         return opck_fail(c, BERTH_E_INVALID,
                          "matmul: w must be 2-D ne {K, N}, got ne[2] = %" PRId64 ", ne[3] = %" PRId64, p->w.ne[2],
                          p->w.ne[3]);
-    if (N > 1 && p->w.nb[1] != K * p->w.nb[0])
+    if (WN > 1 && p->w.nb[1] != K * p->w.nb[0])
         return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: w must be packed (nb[1] = %" PRId64 ", expected %" PRId64 ")",
                          p->w.nb[1], K * p->w.nb[0]);
     if (p->x.ne[0] != K)
         return opck_fail(c, BERTH_E_INVALID, "matmul: x ne[0] = %" PRId64 " but w ne[0] (K) = %" PRId64, p->x.ne[0], K);
+    if (glu == BERTH_GLU_HALVES && WN != 2 * p->y.ne[0])
+        return opck_fail(c, BERTH_E_INVALID,
+                         "matmul: y_glu HALVES needs w ne[1] = 2 * y ne[0] (%" PRId64 "), got %" PRId64,
+                         2 * p->y.ne[0], WN);
     if (p->y.ne[0] != N)
         return opck_fail(c, BERTH_E_INVALID, "matmul: y ne[0] = %" PRId64 " but w ne[1] (N) = %" PRId64, p->y.ne[0], N);
     if (nrows(&p->y) != nrows(&p->x))
@@ -51,7 +78,9 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
     if (p->accumulate != 0 && p->accumulate != 1)
         return opck_fail(c, BERTH_E_INVALID, "matmul: accumulate = %d must be 0 or 1", p->accumulate);
     if (opck_present(c, &p->bias) && !(opck_tensor(c, op, "bias", &p->bias, c->be->weight_dtypes, false) &&
-                                         opck_vector(c, op, "bias", &p->bias, N)))
+                                         opck_vector(c, op, "bias", &p->bias, WN)))
+        return false;
+    if (glu != BERTH_GLU_NONE && !check_matmul_glu(c, p, glu, N))
         return false;
     const int32_t norm = opck_matmul_norm_mode(p);
     if (norm == BERTH_NORM_W_NONE)
@@ -91,6 +120,18 @@ bool opck_get_rows(struct opck *c, const berth_get_rows_params *p)
     return true;
 }
 
+/* RoPE's operands as rope, rms_norm and kv_append take them: positions i32 ne {T}; freqs f32 ne {n_pairs}. */
+static bool check_rope_tensors(struct opck *c, const char *op, const char *pos_name, const berth_tensor *positions,
+                               int64_t T, const char *freqs_name, const berth_tensor *freqs, int32_t n_pairs)
+{
+    if (!opck_tensor(c, op, pos_name, positions, OPCK_I32, false) || !opck_vector(c, op, pos_name, positions, T))
+        return false;
+    if (n_pairs > 0)
+        return opck_tensor(c, op, freqs_name, freqs, OPCK_F32, false) &&
+               opck_vector(c, op, freqs_name, freqs, n_pairs);
+    return true;
+}
+
 /* Checks shared by rms_norm and layer_norm: x/y/residual f32 of one shape, the residual mode. */
 static bool check_norm_common(struct opck *c, const char *op, int32_t resid_mode, const berth_tensor *x,
                               const berth_tensor *residual, const berth_tensor *y)
@@ -122,9 +163,25 @@ bool opck_rms_norm(struct opck *c, const berth_rms_norm_params *p)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: weight_mode %d is not supported", p->weight_mode);
     if (!check_norm_common(c, op, p->resid_mode, &p->x, &p->residual, &p->y))
         return false;
-    if (opck_norm_has_weight(p->weight_mode)) /* W_NONE and UNIT: no weight */
-        return check_feature_vector(c, op, "w", &p->w, p->x.ne[0]);
-    return true;
+    if (opck_norm_has_weight(p->weight_mode) && /* W_NONE and UNIT: no weight */
+        !check_feature_vector(c, op, "w", &p->w, p->x.ne[0]))
+        return false;
+    if (!BERTH_HAS(p, berth_rms_norm_params, rope_freqs))
+        return true; /* an ABI 0.2 caller: no rotation, no scale */
+    if (!isfinite(p->out_scale))
+        return opck_fail(c, BERTH_E_INVALID, "rms_norm: out_scale %g must be finite", (double)p->out_scale);
+    const int32_t pairs = p->rope_n_pairs;
+    if (pairs < 0)
+        return opck_fail(c, BERTH_E_INVALID, "rms_norm: rope_n_pairs %d is negative", pairs);
+    if (pairs == 0)
+        return true;
+    if (p->resid_mode != BERTH_RESID_NONE)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: RoPE (rope_n_pairs %d) needs resid_mode NONE, got %d",
+                         pairs, p->resid_mode);
+    /* rows are (head, token) pairs: x ne {d, heads, T} (higher dims flattened into T) */
+    const int64_t heads = p->x.ne[1], T = heads > 0 ? nrows(&p->x) / heads : 0;
+    return opck_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, pairs, p->x.ne[0]) &&
+           check_rope_tensors(c, op, "rope_positions", &p->rope_positions, T, "rope_freqs", &p->rope_freqs, pairs);
 }
 
 bool opck_layer_norm(struct opck *c, const berth_layer_norm_params *p)
@@ -152,15 +209,8 @@ bool opck_rope(struct opck *c, const berth_rope_params *p)
         return false;
     if (p->x.ne[3] != 1)
         return opck_fail(c, BERTH_E_INVALID, "rope: x must be ne {d, heads, T}, got ne[3] = %" PRId64, p->x.ne[3]);
-    if (!opck_rope_pairs(c, op, p->mode, p->pair_offset, p->n_pairs, p->x.ne[0]))
-        return false;
-    if (!opck_tensor(c, op, "positions", &p->positions, OPCK_I32, false) ||
-        !opck_vector(c, op, "positions", &p->positions, p->x.ne[2]))
-        return false;
-    if (p->n_pairs > 0)
-        return opck_tensor(c, op, "freqs", &p->freqs, OPCK_F32, false) &&
-               opck_vector(c, op, "freqs", &p->freqs, p->n_pairs);
-    return true;
+    return opck_rope_pairs(c, op, p->mode, p->pair_offset, p->n_pairs, p->x.ne[0]) &&
+           check_rope_tensors(c, op, "positions", &p->positions, p->x.ne[2], "freqs", &p->freqs, p->n_pairs);
 }
 
 bool opck_unary(struct opck *c, const berth_unary_params *p)
@@ -281,12 +331,8 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
          !opck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
         return false;
     if (p->rope_n_pairs != 0) {
-        if (!opck_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim))
-            return false;
-        if (!opck_tensor(c, op, "positions", &p->positions, OPCK_I32, false) ||
-            !opck_vector(c, op, "positions", &p->positions, T) ||
-            !opck_tensor(c, op, "rope_freqs", &p->rope_freqs, OPCK_F32, false) ||
-            !opck_vector(c, op, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
+        if (!opck_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim) ||
+            !check_rope_tensors(c, op, "positions", &p->positions, T, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
             return false;
     }
     return true;

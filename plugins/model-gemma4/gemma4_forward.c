@@ -6,11 +6,13 @@
  * call is collected as a requirement instead of executed (see gemma4_requirements.c).
  *
  * Per layer (§3.3): input norm -> q proj (the norm is the projections' matmul prologue, here and before gate/up:
- * one op per product instead of an rms_norm op plus the product) -> q norm + RoPE -> [owners: k/v proj, then kv_append with K norm +
- * RoPE and the weightless V norm] -> attention over the cache (scale 1, causal, window on sliding layers; shared layers read
- * their source's cache) -> o proj -> post-attention norm added to the residual -> pre-FF norm -> gate/up ->
- * GELU-tanh GLU -> down -> post-FF norm added -> PLE block -> * layer_scalar. The residual stream ping-pongs
- * between two buffers because the norm ops only promise y may alias x, not the residual.
+ * one op per product instead of an rms_norm op plus the product) -> q norm + RoPE (one rms_norm) -> [owners: k/v
+ * proj, then kv_append with K norm + RoPE and the weightless V norm] -> attention over the cache (scale 1, causal,
+ * window on sliding layers; shared layers read their source's cache) -> o proj -> post-attention norm added to
+ * the residual -> pre-FF norm -> gate/up with the GELU-tanh GLU as the gate product's epilogue -> down -> post-FF
+ * norm added -> PLE block (its gate product's epilogue multiplies by the per-layer input) -> * layer_scalar (the
+ * out_scale of the layer's last norm). The residual stream ping-pongs between two buffers because the norm ops
+ * only promise y may alias x, not the residual.
  */
 #include "gemma4_model.h"
 #include "gemma4_util.h"
@@ -50,9 +52,7 @@ static berth_status run(struct g4_step *st, int32_t op, const void *p, const cha
     case BERTH_OP_MATMUL: G4_CALL(matmul, berth_matmul_params);
     case BERTH_OP_GET_ROWS: G4_CALL(get_rows, berth_get_rows_params);
     case BERTH_OP_RMS_NORM: G4_CALL(rms_norm, berth_rms_norm_params);
-    case BERTH_OP_ROPE: G4_CALL(rope, berth_rope_params);
     case BERTH_OP_UNARY: G4_CALL(unary, berth_unary_params);
-    case BERTH_OP_GLU: G4_CALL(glu, berth_glu_params);
     case BERTH_OP_KV_APPEND: G4_CALL(kv_append, berth_kv_append_params);
     case BERTH_OP_ATTENTION: G4_CALL(attention, berth_attention_params);
     default: return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: unexpected op %d", (int)op);
@@ -66,9 +66,11 @@ static berth_tensor act(const struct g4_step *st, uint64_t off, int64_t ne0, int
 }
 
 /* y = x w^T, or with norm_w: y = (RMSNorm(x) * norm_w) w^T through the matmul's norm prologue (one op instead of
- * rms_norm + matmul; the norm is recomputed by each product that reads the same x). */
-static berth_status op_matmul_norm(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
-                                   const berth_tensor *norm_w, const char *site)
+ * rms_norm + matmul; the norm is recomputed by each product that reads the same x). With glu (BERTH_GLU_*) the
+ * product z goes through the gated epilogue instead of being stored: HALVES (w = [gate | up] rows): y =
+ * gelu_tanh(z_gate) * z_up; MUL: y = gelu_tanh(z) * up. One op instead of matmul + glu. */
+static berth_status op_matmul_glu(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                                  const berth_tensor *norm_w, int32_t glu, const berth_tensor *up, const char *site)
 {
     berth_matmul_params p;
     memset(&p, 0, sizeof p);
@@ -81,7 +83,19 @@ static berth_status op_matmul_norm(struct g4_step *st, berth_tensor x, const ber
         p.x_norm_eps = (float)st->m->cfg->eps;
         p.x_norm_w = *norm_w;
     }
+    if (glu != BERTH_GLU_NONE) {
+        p.y_glu = glu;
+        p.y_glu_act = BERTH_ACT_GELU_TANH;
+        if (up)
+            p.y_glu_up = *up;
+    }
     return run(st, BERTH_OP_MATMUL, &p, site);
+}
+
+static berth_status op_matmul_norm(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                                   const berth_tensor *norm_w, const char *site)
+{
+    return op_matmul_glu(st, x, w, y, norm_w, BERTH_GLU_NONE, NULL, site);
 }
 
 static berth_status op_matmul(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
@@ -103,21 +117,38 @@ static berth_status op_get_rows(struct g4_step *st, const berth_tensor *table, b
     return run(st, BERTH_OP_GET_ROWS, &p, site);
 }
 
+static void rms_params(const struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
+                       berth_tensor y, berth_rms_norm_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->weight_mode = BERTH_NORM_W;
+    p->resid_mode = residual ? BERTH_RESID_ADD_AFTER : BERTH_RESID_NONE;
+    p->eps = (float)st->m->cfg->eps;
+    p->x = x;
+    p->w = *w;
+    if (residual)
+        p->residual = *residual;
+    p->y = y;
+}
+
 /* y = [residual +] RMSNorm(x) * w. */
 static berth_status op_rms(struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
                            berth_tensor y, const char *site)
 {
     berth_rms_norm_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.weight_mode = BERTH_NORM_W;
-    p.resid_mode = residual ? BERTH_RESID_ADD_AFTER : BERTH_RESID_NONE;
-    p.eps = (float)st->m->cfg->eps;
-    p.x = x;
-    p.w = *w;
-    if (residual)
-        p.residual = *residual;
-    p.y = y;
+    rms_params(st, x, w, residual, y, &p);
+    return run(st, BERTH_OP_RMS_NORM, &p, site);
+}
+
+/* The layer's last norm: y = (residual + RMSNorm(x) * w) * layer_scalar, the scalar as the norm's out_scale
+ * (one op instead of rms_norm + a scale; 1.0 is an exact no-op for the backend). */
+static berth_status op_rms_last(struct g4_step *st, int layer, berth_tensor x, const berth_tensor *w,
+                                const berth_tensor *residual, berth_tensor y, const char *site)
+{
+    berth_rms_norm_params p;
+    rms_params(st, x, w, residual, y, &p);
+    p.out_scale = st->m->w.layers[layer].layer_scalar;
     return run(st, BERTH_OP_RMS_NORM, &p, site);
 }
 
@@ -134,19 +165,6 @@ static berth_status op_unary(struct g4_step *st, berth_tensor x, int32_t fn, flo
     p.x = x;
     p.y = x;
     return run(st, BERTH_OP_UNARY, &p, site);
-}
-
-/* gate = gelu_tanh(gate) * up, in place. */
-static berth_status op_geglu(struct g4_step *st, berth_tensor gate, berth_tensor up, const char *site)
-{
-    berth_glu_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.act = BERTH_ACT_GELU_TANH;
-    p.gate = gate;
-    p.up = up;
-    p.y = gate;
-    return run(st, BERTH_OP_GLU, &p, site);
 }
 
 static berth_tensor rope_table(const struct g4_step *st, int type)
@@ -175,6 +193,15 @@ static berth_kv_view layer_view(const berth_kv_group_batch *g, int index)
 
 /* --- embeddings and per-layer inputs (§3.2) ---------------------------------------------------------------- */
 
+/* ple = (RMSNorm(ple; w) + token part) * 2^-1/2 in place: the final scale is the norm's out_scale. */
+static berth_status op_ple_norm(struct g4_step *st, berth_tensor ple, const berth_tensor *w, const berth_tensor *tok)
+{
+    berth_rms_norm_params p;
+    rms_params(st, ple, w, tok, ple, &p);
+    p.out_scale = (float)pow(2.0, -0.5);
+    return run(st, BERTH_OP_RMS_NORM, &p, "per_layer_projection_norm (* 2^-1/2)");
+}
+
 static berth_status embed(struct g4_step *st)
 {
     const berth_model *m = st->m;
@@ -200,8 +227,7 @@ static berth_status embed(struct g4_step *st)
         (r = op_matmul(st, x0, &m->w.ple_model_proj, pl, "per_layer_model_projection")) != BERTH_OK ||
         (r = op_unary(st, pl, BERTH_ACT_IDENTITY, 1.0f, (float)pow((double)D, -0.5),
                       "per_layer_model_projection scale")) != BERTH_OK ||
-        (r = op_rms(st, pl_rows, &m->w.ple_proj_norm, &pa_rows, pl_rows, "per_layer_projection_norm")) != BERTH_OK ||
-        (r = op_unary(st, pl, BERTH_ACT_IDENTITY, 1.0f, (float)pow(2.0, -0.5), "per_layer_input scale")) != BERTH_OK)
+        (r = op_ple_norm(st, pl_rows, &m->w.ple_proj_norm, &pa_rows)) != BERTH_OK)
         return r;
     return BERTH_OK;
 }
@@ -243,20 +269,19 @@ static berth_status attention_block(struct g4_step *st, int i)
                                    "q_proj (input_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
-    if ((r = op_rms(st, q, &lw->q_norm, NULL, q, "q_norm")) != BERTH_OK)
-        return r;
-    if (pairs > 0) {
-        berth_rope_params p;
-        memset(&p, 0, sizeof p);
-        p.struct_size = sizeof p;
-        p.mode = BERTH_ROPE_HALF;
-        p.pair_offset = (int32_t)(hd / 2);
-        p.n_pairs = pairs;
-        p.x = q;
-        p.positions = b->positions;
-        p.freqs = rope_table(st, ly->type);
-        p.y = q;
-        if ((r = run(st, BERTH_OP_ROPE, &p, ly->type == G4_FULL ? "q (full layers)" : "q (sliding layers)")) !=
+    {
+        /* q_norm per head, then RoPE on the normalised heads, in one rms_norm */
+        berth_rms_norm_params p;
+        rms_params(st, q, &lw->q_norm, NULL, q, &p);
+        if (pairs > 0) {
+            p.rope_mode = BERTH_ROPE_HALF;
+            p.rope_pair_offset = (int32_t)(hd / 2);
+            p.rope_n_pairs = pairs;
+            p.rope_positions = b->positions;
+            p.rope_freqs = rope_table(st, ly->type);
+        }
+        if ((r = run(st, BERTH_OP_RMS_NORM, &p,
+                     ly->type == G4_FULL ? "q_norm + RoPE (full layers)" : "q_norm + RoPE (sliding layers)")) !=
             BERTH_OK)
             return r;
     }
@@ -330,25 +355,27 @@ static berth_status mlp_block(struct g4_step *st, int i)
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
     berth_tensor a = act(st, sc->a, D, T, 1);
     berth_tensor gate = act(st, sc->gate, I, T, 1), up = act(st, sc->up, I, T, 1);
-    /* pre_feedforward_layernorm is the gate/up products' norm prologue */
+    /* pre_feedforward_layernorm is the gate/up products' norm prologue; the GLU is the epilogue of the product
+     * that yields the gate: gate = gelu_tanh(x Wg^T) * (x Wu^T) */
     const berth_tensor *ff_norm = &lw->pre_ff_norm;
     if (st->fused && lw->gate_up.ne[0] != 0) {
-        /* One product into rows of [gate | up]; the GLU and down_proj read strided views of it. */
-        if ((r = op_matmul_norm(st, xin, &lw->gate_up, act(st, sc->gate, 2 * I, T, 1), ff_norm,
-                                "mlp.gate_proj + mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK)
+        /* One product over the [gate | up] rows; the epilogue pairs its halves. */
+        if ((r = op_matmul_glu(st, xin, &lw->gate_up, gate, ff_norm, BERTH_GLU_HALVES, NULL,
+                               "mlp.gate_proj + mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK)
             return r;
-        gate.nb[1] = up.nb[1] = 2 * I * 4;
-        gate.nb[2] = gate.nb[3] = up.nb[2] = up.nb[3] = gate.nb[1] * T;
-        up.offset = gate.offset + (uint64_t)I * 4u;
-    } else if ((r = op_matmul_norm(st, xin, &lw->gate_proj, gate, ff_norm,
-                                   "mlp.gate_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK ||
-               (r = op_matmul_norm(st, xin, &lw->up_proj, up, ff_norm,
-                                   "mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK) {
+    } else if ((r = op_matmul_norm(st, xin, &lw->up_proj, up, ff_norm,
+                                   "mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK ||
+               (r = op_matmul_glu(st, xin, &lw->gate_proj, gate, ff_norm, BERTH_GLU_MUL, &up,
+                                  "mlp.gate_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
-    if ((r = op_geglu(st, gate, up, "mlp")) != BERTH_OK ||
-        (r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK ||
-        (r = op_rms(st, a, &lw->post_ff_norm, &xin, xout, "post_feedforward_layernorm")) != BERTH_OK)
+    if ((r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK)
+        return r;
+    /* without PLE this is the layer's last norm: layer_scalar is its out_scale */
+    r = c->ple_dim > 0 ? op_rms(st, a, &lw->post_ff_norm, &xin, xout, "post_feedforward_layernorm")
+                       : op_rms_last(st, i, a, &lw->post_ff_norm, &xin, xout,
+                                     "post_feedforward_layernorm (* layer_scalar)");
+    if (r != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -370,10 +397,11 @@ static berth_status ple_block(struct g4_step *st, int i)
     berth_tensor ple_i = act(st, sc->ple + (uint64_t)i * (uint64_t)Dp * 4u, Dp, T, 1);
     ple_i.nb[1] = LDp * 4;
     ple_i.nb[2] = ple_i.nb[3] = ple_i.nb[1] * T;
-    if ((r = op_matmul(st, xin, &lw->ple_gate, pg, "per_layer_input_gate")) != BERTH_OK ||
-        (r = op_geglu(st, pg, ple_i, "per_layer_input")) != BERTH_OK ||
+    if ((r = op_matmul_glu(st, xin, &lw->ple_gate, pg, NULL, BERTH_GLU_MUL, &ple_i, "per_layer_input_gate")) !=
+            BERTH_OK ||
         (r = op_matmul(st, pg, &lw->ple_proj, a, "per_layer_projection")) != BERTH_OK ||
-        (r = op_rms(st, a, &lw->ple_post_norm, &xin, xout, "post_per_layer_input_norm")) != BERTH_OK)
+        (r = op_rms_last(st, i, a, &lw->ple_post_norm, &xin, xout, "post_per_layer_input_norm (* layer_scalar)")) !=
+            BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -409,14 +437,9 @@ static berth_status run_step(struct g4_step *st)
     for (int i = 0; r == BERTH_OK && i < c->n_layers; i++) {
         if ((r = attention_block(st, i)) != BERTH_OK || (r = mlp_block(st, i)) != BERTH_OK)
             break;
+        /* layer_scalar multiplies the whole hidden state: it is the out_scale of the layer's last norm */
         if (c->ple_dim > 0 && (r = ple_block(st, i)) != BERTH_OK)
             break;
-        /* layer_scalar multiplies the whole hidden state; 1.0 is skipped when running (exact no-op) but always
-         * recorded, since the values are only known after load. */
-        float s = m->w.layers[i].layer_scalar;
-        if (st->record || s != 1.0f)
-            r = op_unary(st, act(st, st->sc->x[st->cur], c->hidden, st->T, 1), BERTH_ACT_IDENTITY, 1.0f, s,
-                         "layer_scalar");
     }
     if (r == BERTH_OK)
         r = head(st);
@@ -454,7 +477,7 @@ static void scratch_layout(const struct g4_config *c, int64_t T, struct g4_scrat
     sc->k = take(&at, (uint64_t)kvmax * t);
     sc->v = take(&at, (uint64_t)kvmax * t);
     sc->qkv = take(&at, ((uint64_t)qmax + 2u * (uint64_t)kvmax) * t);
-    sc->gate = take(&at, 2u * (uint64_t)imax * t); /* [gate | up] rows when the weights are fused */
+    sc->gate = take(&at, (uint64_t)imax * t); /* the GLU is the projection's epilogue: I_i columns */
     sc->up = take(&at, (uint64_t)imax * t);
     if (c->ple_dim > 0) {
         sc->ple_a = take(&at, LDp * t);

@@ -49,7 +49,7 @@ struct g4_scratch {
     uint64_t q;     /* queries [hd, H, T] */
     uint64_t att;   /* attention output [hd, H, T] */
     uint64_t k, v;  /* new keys / values [hd, K, T] */
-    uint64_t gate, up; /* MLP [I_i, T]; gate holds [2 I_i, T] (gate|up rows) with fused weights */
+    uint64_t gate, up; /* MLP [I_i, T] (the fused gate|up product lands here already through the GLU epilogue) */
     uint64_t qkv;   /* fused q|k|v projection output [H hd + 2 K hd, T] */
     uint64_t ple_a; /* PLE token part [L*Dp, T] */
     uint64_t ple;   /* per-layer inputs [L*Dp, T] */

@@ -36,9 +36,7 @@ static size_t params_size(int32_t op)
     case BERTH_OP_MATMUL: return sizeof(berth_matmul_params);
     case BERTH_OP_GET_ROWS: return sizeof(berth_get_rows_params);
     case BERTH_OP_RMS_NORM: return sizeof(berth_rms_norm_params);
-    case BERTH_OP_ROPE: return sizeof(berth_rope_params);
     case BERTH_OP_UNARY: return sizeof(berth_unary_params);
-    case BERTH_OP_GLU: return sizeof(berth_glu_params);
     case BERTH_OP_KV_APPEND: return sizeof(berth_kv_append_params);
     case BERTH_OP_ATTENTION: return sizeof(berth_attention_params);
     default: return 0;
@@ -51,7 +49,7 @@ static void canon(int32_t op, void *p)
     case BERTH_OP_MATMUL: {
         berth_matmul_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->bias), canon_tensor(&q->y);
-        canon_tensor(&q->x_norm_w);
+        canon_tensor(&q->x_norm_w), canon_tensor(&q->y_glu_up);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -62,21 +60,12 @@ static void canon(int32_t op, void *p)
     case BERTH_OP_RMS_NORM: {
         berth_rms_norm_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->residual), canon_tensor(&q->y);
-        break;
-    }
-    case BERTH_OP_ROPE: {
-        berth_rope_params *q = p;
-        canon_tensor(&q->x), canon_tensor(&q->positions), canon_tensor(&q->freqs), canon_tensor(&q->y);
+        canon_tensor(&q->rope_positions), canon_tensor(&q->rope_freqs);
         break;
     }
     case BERTH_OP_UNARY: {
         berth_unary_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->y);
-        break;
-    }
-    case BERTH_OP_GLU: {
-        berth_glu_params *q = p;
-        canon_tensor(&q->gate), canon_tensor(&q->up), canon_tensor(&q->y);
         break;
     }
     case BERTH_OP_KV_APPEND: {
@@ -123,12 +112,15 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     switch (op) {
     case BERTH_OP_MATMUL: {
         const berth_matmul_params *q = p;
-        char ndesc[64] = "";
+        char ndesc[64] = "", gdesc[64] = "";
         if (q->x_norm_mode != BERTH_NORM_W_NONE)
             snprintf(ndesc, sizeof ndesc, ", RMS-norm prologue with %s %s", g4_dtype_name(q->x_norm_w.dtype),
                      norm_name(q->x_norm_mode));
-        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s)", site, g4_dtype_name(q->w.dtype),
-                 (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc);
+        if (q->y_glu != BERTH_GLU_NONE)
+            snprintf(gdesc, sizeof gdesc, ", %s GLU epilogue (%s)", act_name(q->y_glu_act),
+                     q->y_glu == BERTH_GLU_HALVES ? "gate and up halves" : "times y_glu_up");
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s)", site, g4_dtype_name(q->w.dtype),
+                 (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc, gdesc);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -144,24 +136,18 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
             snprintf(wdesc, sizeof wdesc, "no weight");
         else
             snprintf(wdesc, sizeof wdesc, "%s %s", g4_dtype_name(q->w.dtype), norm_name(q->weight_mode));
-        snprintf(out, n, "rms_norm %s (rows of %lld, %s%s)", site, (long long)q->x.ne[0], wdesc,
-                 q->resid_mode == BERTH_RESID_ADD_AFTER ? ", residual added after" : "");
-        break;
-    }
-    case BERTH_OP_ROPE: {
-        const berth_rope_params *q = p;
-        snprintf(out, n, "rope %s (head_dim %lld, half split at %d, %d rotated pairs)", site, (long long)q->x.ne[0],
-                 q->pair_offset, q->n_pairs);
+        char rdesc[64] = "";
+        if (q->rope_n_pairs > 0)
+            snprintf(rdesc, sizeof rdesc, ", RoPE half split at %d, %d rotated pairs", q->rope_pair_offset,
+                     q->rope_n_pairs);
+        snprintf(out, n, "rms_norm %s (rows of %lld, %s%s%s%s)", site, (long long)q->x.ne[0], wdesc,
+                 q->resid_mode == BERTH_RESID_ADD_AFTER ? ", residual added after" : "", rdesc,
+                 q->out_scale != 0.0f ? ", output scaled" : "");
         break;
     }
     case BERTH_OP_UNARY: {
         const berth_unary_params *q = p;
         snprintf(out, n, "unary %s (%s)", site, act_name(q->act));
-        break;
-    }
-    case BERTH_OP_GLU: {
-        const berth_glu_params *q = p;
-        snprintf(out, n, "glu %s (%s)", site, act_name(q->act));
         break;
     }
     case BERTH_OP_KV_APPEND: {

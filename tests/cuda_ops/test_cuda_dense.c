@@ -1,5 +1,5 @@
 /*
- * test_cuda_dense.c — the CUDA backend's dense ops (matmul and its norm prologue, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
+ * test_cuda_dense.c — the CUDA backend's dense ops (matmul with its norm prologue and gated epilogue, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
  * unary, glu, binary, copy) against the CPU backend on fresh random inputs (tests/cuda_ops/harness.h).
  *
  * Tolerances. Both backends compute in fp32 but sum in different orders, so results agree to rounding:
@@ -390,6 +390,100 @@ START_TEST(test_matmul_norm_prologue)
 }
 END_TEST
 
+/* The gated epilogue (y_glu): HALVES (w = [gate | up] rows, optional bias over both halves) and MUL (y = f(z) *
+ * y_glu_up, which may be y itself or a strided view), on every path (GEMV buckets 1/2/4/8 with 16-byte and
+ * scalar weight loads, cuBLAS with its glu kernel; the skinny kernel declines it), with and without the norm
+ * prologue. act is GELU-tanh (Gemma) or SiLU (Qwen). The product's bounds as plain matmul, times |f| <= |z| and
+ * |up| about sqrt(K)/3: the bound scaled by sqrt(K). */
+struct mm_glu_case {
+    int64_t M, K, N; /* N outputs (HALVES: w has 2N rows) */
+    berth_dtype wdt;
+    int mode;
+    int act;
+    int bias;        /* HALVES: bias ne {2N} f32 */
+    int norm;        /* RMS-norm prologue, bf16 weight */
+    int up_view;     /* MUL: 0 separate contiguous, 1 y itself, 2 rows of a wider tensor (stride 2N + 3) */
+};
+
+static const struct mm_glu_case mm_glu_cases[] = {
+    {1, 1536, 6144, BF16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {1, 1536, 12288, BF16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {2, 264, 37, BF16, BERTH_GLU_HALVES, BERTH_ACT_SILU, 1, 0, 0},
+    {3, 77, 33, F32, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 1, 1, 0},
+    {8, 1536, 6144, BF16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {5, 264, 41, F16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 0, 0},
+    {32, 1536, 2048, BF16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {200, 264, 37, BF16, BERTH_GLU_HALVES, BERTH_ACT_SILU, 1, 0, 0},
+    {64, 77, 33, F32, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 2},
+    {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 1},
+    {4, 264, 37, BF16, BERTH_GLU_MUL, BERTH_ACT_SILU, 0, 1, 0},
+    {8, 77, 33, F16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 2},
+    {32, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 2},
+    {100, 264, 37, F32, BERTH_GLU_MUL, BERTH_ACT_SILU, 0, 1, 1},
+};
+#define N_MM_GLU_CASES ((int)(sizeof mm_glu_cases / sizeof mm_glu_cases[0]))
+
+static void mm_glu_run(const struct mm_glu_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N, NZ = c->mode == BERTH_GLU_HALVES ? 2 * N : N;
+    char what[192];
+    snprintf(what, sizeof what, "matmul glu %s act=%d M=%lld K=%lld N=%lld w=%s bias=%d norm=%d up_view=%d",
+             c->mode == BERTH_GLU_HALVES ? "HALVES" : "MUL", c->act, (long long)M, (long long)K, (long long)N,
+             dt_name(c->wdt), c->bias, c->norm, c->up_view);
+    struct hx_tensor X = hx_new(F32, K, M, 0, 0), W = hx_new(c->wdt, K, NZ, 0, 0), B = hx_new(F32, NZ, 0, 0, 0);
+    struct hx_tensor NW = hx_new(BF16, K, 0, 0, 0);
+    const int64_t ustride = c->up_view == 2 ? 2 * N + 3 : N;
+    struct hx_tensor U = hx_new(F32, ustride, M, 0, 0), Y = hx_new(F32, N, M, 0, 0);
+    hx_rand(&X, -1.0f, 1.0f);
+    hx_rand(&W, -1.0f, 1.0f);
+    hx_rand(&B, -1.0f, 1.0f);
+    hx_rand(&NW, -1.0f, 1.0f);
+    hx_rand(&U, -1.0f, 1.0f);
+    if (c->up_view == 1)
+        hx_rand(&Y, -1.0f, 1.0f); /* y is the up operand: it starts as data, not poison */
+    berth_matmul_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].x = X.t[s];
+        p[s].w = W.t[s];
+        p[s].y = Y.t[s];
+        if (c->bias)
+            p[s].bias = B.t[s];
+        if (c->norm) {
+            p[s].x_norm_mode = BERTH_NORM_W;
+            p[s].x_norm_eps = 1e-6f;
+            p[s].x_norm_w = NW.t[s];
+        }
+        p[s].y_glu = c->mode;
+        p[s].y_glu_act = c->act;
+        if (c->mode == BERTH_GLU_MUL)
+            p[s].y_glu_up = c->up_view == 1 ? Y.t[s]
+                            : c->up_view == 2 ? tview(&U, s, 3, N, M, 1, 1, ustride, ustride * M, ustride * M)
+                                              : U.t[s];
+    }
+    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    const double scale = sqrt((double)K) * (c->norm ? 3.0 : 1.0);
+    if (bf16_mode() && M > 8)
+        hx_expect_close(&Y, 1.2e-2 * scale * scale, 0.0, what);
+    else
+        hx_expect_close(&Y, 2e-5 * scale * scale, 1e-5, what);
+    hx_expect_close(&U, 0.0, 0.0, what); /* read only (the view's padding too) */
+    hx_free(&X);
+    hx_free(&W);
+    hx_free(&B);
+    hx_free(&NW);
+    hx_free(&U);
+    hx_free(&Y);
+}
+
+START_TEST(test_matmul_glu_epilogue)
+{
+    mm_glu_run(&mm_glu_cases[_i]);
+}
+END_TEST
+
 static const char *const rmode_names[] = {"NONE", "ADD_AFTER", "ADD_BEFORE"};
 
 /* alias: y is x itself. strided: x (and y, residual) are rows of n inside rows of n + 9, 3-D. */
@@ -772,6 +866,104 @@ START_TEST(test_rope)
 }
 END_TEST
 
+/* rms_norm with the RoPE fields (q-norm + rotation in one op) against the CPU's same fused op, and out_scale. */
+static void rms_rope_case(int rope_mode, int64_t d, int64_t H, int64_t T, int32_t off, int32_t np, int wmode,
+                          bool in_place, bool strided)
+{
+    char what[160];
+    snprintf(what, sizeof what, "rms_norm+rope %s d=%lld H=%lld T=%lld off=%d np=%d weight=%s%s%s",
+             rope_mode == BERTH_ROPE_HALF ? "HALF" : "INTERLEAVED", (long long)d, (long long)H, (long long)T, off, np,
+             wmode_names[wmode], in_place ? " in place" : "", strided ? " strided" : "");
+    const int64_t heads_x = strided ? H + 2 : H;
+    struct hx_tensor X = hx_new(F32, d, heads_x, T, 0), Y = hx_new(F32, d, H, T, 0), P = hx_new(I32, T, 0, 0, 0);
+    struct hx_tensor Fq = hx_new(F32, np, 0, 0, 0), Wt = hx_new(BF16, d, 0, 0, 0);
+    hx_rand(&X, -2.0f, 2.0f);
+    hx_rand(&Wt, -1.0f, 1.0f);
+    hx_rand_int(&P, 0, 8000);
+    float *fr = malloc((size_t)np * sizeof *fr);
+    ck_assert_ptr_nonnull(fr);
+    for (int32_t j = 0; j < np; j++)
+        fr[j] = powf(10000.0f, -2.0f * (float)j / (float)d);
+    hx_set(&Fq, fr);
+    free(fr);
+    berth_rms_norm_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].weight_mode = wmode;
+        p[s].eps = 1e-6f;
+        p[s].x = strided ? tview(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
+        p[s].y = in_place ? p[s].x : Y.t[s];
+        if (wmode == BERTH_NORM_W || wmode == BERTH_NORM_W_ONE_PLUS)
+            p[s].w = Wt.t[s];
+        p[s].rope_mode = rope_mode;
+        p[s].rope_pair_offset = off;
+        p[s].rope_n_pairs = np;
+        p[s].rope_positions = P.t[s];
+        p[s].rope_freqs = Fq.t[s];
+    }
+    run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    if (!in_place)
+        hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+    hx_expect_close(&X, EW_ATOL, EW_RTOL, what);
+    hx_free(&X);
+    hx_free(&Y);
+    hx_free(&P);
+    hx_free(&Fq);
+    hx_free(&Wt);
+}
+
+START_TEST(test_rms_norm_rope)
+{
+    rms_rope_case(BERTH_ROPE_HALF, 256, 8, 1, 128, 128, BERTH_NORM_W, true, true);    /* Gemma 4 sliding, decode */
+    rms_rope_case(BERTH_ROPE_HALF, 256, 8, 7, 128, 128, BERTH_NORM_W, true, true);    /* ... prefill, in fused qkv */
+    rms_rope_case(BERTH_ROPE_HALF, 512, 8, 3, 256, 64, BERTH_NORM_W, true, true);     /* Gemma 4 full layers */
+    rms_rope_case(BERTH_ROPE_HALF, 256, 4, 2, 32, 32, BERTH_NORM_W_ONE_PLUS, false, false); /* partial rotary */
+    rms_rope_case(BERTH_ROPE_HALF, 64, 3, 4, 40, 20, BERTH_NORM_UNIT, true, false);   /* unrotated middle, tail */
+    rms_rope_case(BERTH_ROPE_INTERLEAVED, 96, 2, 6, 0, 17, BERTH_NORM_W, false, true);
+    rms_rope_case(BERTH_ROPE_INTERLEAVED, 64, 2, 3, 0, 32, BERTH_NORM_W_NONE, true, false);
+    rms_rope_case(BERTH_ROPE_HALF, 1000, 3, 20, 500, 250, BERTH_NORM_W, false, false); /* 60 rows, 8 per block */
+}
+END_TEST
+
+/* out_scale on both rms kernels (vector rows of 1536, general rows of 77) and every residual mode. */
+START_TEST(test_rms_norm_out_scale)
+{
+    for (int rmode = 0; rmode < 3; rmode++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t n = k ? 77 : 1536, rows = 5;
+            char what[96];
+            snprintf(what, sizeof what, "rms_norm out_scale 0.37 resid=%s n=%lld", rmode_names[rmode], (long long)n);
+            struct hx_tensor X = hx_new(F32, n, rows, 0, 0), R = hx_new(F32, n, rows, 0, 0);
+            struct hx_tensor Y = hx_new(F32, n, rows, 0, 0), Wt = hx_new(BF16, n, 0, 0, 0);
+            hx_rand(&X, -2.0f, 2.0f);
+            hx_rand(&R, -1.0f, 1.0f);
+            hx_rand(&Wt, -1.0f, 1.0f);
+            berth_rms_norm_params p[2];
+            for (int s = 0; s < 2; s++) {
+                memset(&p[s], 0, sizeof p[s]);
+                p[s].struct_size = sizeof p[s];
+                p[s].weight_mode = BERTH_NORM_W;
+                p[s].resid_mode = rmode;
+                p[s].eps = 1e-6f;
+                p[s].x = X.t[s];
+                p[s].y = Y.t[s];
+                p[s].w = Wt.t[s];
+                if (rmode != BERTH_RESID_NONE)
+                    p[s].residual = R.t[s];
+                p[s].out_scale = 0.37f;
+            }
+            run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+            hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+            hx_expect_close(&R, EW_ATOL, EW_RTOL, what);
+            hx_free(&X);
+            hx_free(&R);
+            hx_free(&Y);
+            hx_free(&Wt);
+        }
+}
+END_TEST
+
 /* --------------------------------------------------------------------------------------------------------------- */
 
 static Suite *make_suite(void)
@@ -782,6 +974,7 @@ static Suite *make_suite(void)
     tcase_add_loop_test(tc, test_matmul, 0, N_MM_CASES);
     tcase_add_test(tc, test_matmul_supports);
     tcase_add_loop_test(tc, test_matmul_norm_prologue, 0, N_MM_NORM_CASES);
+    tcase_add_loop_test(tc, test_matmul_glu_epilogue, 0, N_MM_GLU_CASES);
     suite_add_tcase(s, tc);
     tc = tcase_create("norm");
     tcase_set_timeout(tc, 120);
@@ -799,6 +992,8 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_binary);
     tcase_add_test(tc, test_copy);
     tcase_add_test(tc, test_rope);
+    tcase_add_test(tc, test_rms_norm_rope);
+    tcase_add_test(tc, test_rms_norm_out_scale);
     suite_add_tcase(s, tc);
     return s;
 }
