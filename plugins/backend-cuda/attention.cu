@@ -1684,25 +1684,41 @@ static int att_dec_splits(const berth_backend *be, int64_t kv_bound, int32_t win
     return ns < 1 ? 1 : (int)ns;
 }
 
-/* A decode kernel instance and its dynamic shared memory. */
+/* What a decode kernel instance needs on the host, found once per device: cudaFuncSetAttribute and the occupancy
+ * query cost microseconds of host time, which every call paid (eager steps run ~35 attention calls each).
+ * word[dev] = 0 not set up yet, else resident blocks per SM. Atomics: backends of two devices may set up the same
+ * instance from two threads (both store the same value). */
+#define ATT_DEC_CACHE_DEVICES 16
+struct att_dec_cache {
+    int word[ATT_DEC_CACHE_DEVICES];
+};
+
+/* A decode kernel instance, its dynamic shared memory and its set-up cache. */
 struct att_dec_kernel {
     void (*fn)(const attn_args);
     size_t smem;
+    att_dec_cache *cache;
 };
+
+template <int DT, int NR, int WT>
+static att_dec_kernel att_dec_inst()
+{
+    static att_dec_cache cache; /* one per template instance, zero-initialised */
+    return {attn_decode_kernel<DT, NR, WT>, (size_t)att_dec_cfg<DT, NR>::SMEM, &cache};
+}
 
 /* The decode kernel for dtype DT, NR heads per block and head dims up to need (<= CU_MAX_HEAD_DIM). */
 template <int DT, int NR>
 static att_dec_kernel att_dec_pick_wt(int need)
 {
     constexpr int cover = 32 * att_dec_cfg<DT, NR>::E; /* head dims one warp covers */
-    constexpr size_t smem = att_dec_cfg<DT, NR>::SMEM;
     if (need <= cover)
-        return {attn_decode_kernel<DT, NR, 1>, smem};
+        return att_dec_inst<DT, NR, 1>();
     if (need <= 2 * cover || NR <= 8) /* E = 8: 2 warps cover 512 */
-        return {attn_decode_kernel<DT, NR, 2>, smem};
+        return att_dec_inst<DT, NR, 2>();
     if constexpr (NR > 8)
-        return {attn_decode_kernel<DT, NR, 4>, smem};
-    return {nullptr, 0};
+        return att_dec_inst<DT, NR, 4>();
+    return {nullptr, 0, nullptr};
 }
 
 template <int DT>
@@ -1728,6 +1744,33 @@ static att_dec_kernel att_dec_pick(int32_t dt, int n_rep, int need)
     return att_dec_pick_nr<BERTH_DTYPE_F32>(n_rep, need);
 }
 
+/* Set up kern on this device once (shared-memory opt-in, resident blocks per SM); *bps: resident blocks per SM. */
+static berth_status att_dec_setup(berth_backend *be, const att_dec_kernel &kern, int *bps)
+{
+    int *slot = be->device >= 0 && be->device < ATT_DEC_CACHE_DEVICES ? &kern.cache->word[be->device] : nullptr;
+    const int w = slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : 0;
+    if (w > 0) {
+        *bps = w;
+        return BERTH_OK;
+    }
+    berth_status st = cu_check(be, cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                        (int)kern.smem),
+                               "cudaFuncSetAttribute (attn_decode_kernel shared memory)");
+    if (st != BERTH_OK)
+        return st;
+    /* Resident blocks per SM (registers and shared memory decide); a host-side query, no stream work. */
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kern.fn, ATT_DEC_THREADS, kern.smem) != cudaSuccess ||
+        b < 1) {
+        (void)cudaGetLastError(); /* not a launch error: size as if one block fits */
+        b = 1;
+    }
+    if (slot)
+        __atomic_store_n(slot, b, __ATOMIC_RELEASE);
+    *bps = b;
+    return BERTH_OK;
+}
+
 /* Floats of part_ml before part_o, rounded to 4 so that part_o's rows stay 16-byte aligned. */
 static size_t att_dec_ml_floats(int64_t T, int64_t H, int ns)
 {
@@ -1741,18 +1784,10 @@ static berth_status att_run_decode(berth_backend *be, berth_stream *s, const ber
     if (!kern.fn)
         return cu_fail(be->host, BERTH_E_BACKEND, "attention: no decode kernel for head dims %d / %d, %d heads per "
                        "KV head", a.D, a.DV, a.n_rep);
-    berth_status st = cu_check(be, cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                        (int)kern.smem),
-                               "cudaFuncSetAttribute (attn_decode_kernel shared memory)");
+    int bps = 1;
+    berth_status st = att_dec_setup(be, kern, &bps);
     if (st != BERTH_OK)
         return st;
-    /* Resident blocks per SM (registers and shared memory decide); a host-side query, no stream work. */
-    int bps = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern.fn, ATT_DEC_THREADS, kern.smem) != cudaSuccess ||
-        bps < 1) {
-        (void)cudaGetLastError(); /* not a launch error: size as if one block fits */
-        bps = 1;
-    }
     const int64_t cap = (int64_t)a.bt_width * kv->block_size;
     /* Launch sizing: from max_kv_len, except during graph capture (then the block table's capacity). The
      * workspace is always sized for the capacity bound so that a capture after an eager step never grows it. */
@@ -1773,6 +1808,8 @@ static berth_status att_run_decode(berth_backend *be, berth_stream *s, const ber
     }
     const dim3 grid((unsigned)a.n_seqs, (unsigned)kv->n_kv_heads, (unsigned)ns);
     st = cu_check(be, cu_launch(be, s->cs, grid, dim3(ATT_DEC_THREADS), kern.smem, kern.fn, a), "attn_decode_kernel");
+    if (st != BERTH_OK && be->device >= 0 && be->device < ATT_DEC_CACHE_DEVICES)
+        __atomic_store_n(&kern.cache->word[be->device], 0, __ATOMIC_RELEASE); /* set it up again next time */
     if (st != BERTH_OK || a.direct)
         return st;
     /* With PDL the combine blocks may be scheduled while the decode grid's last blocks run; cu_pdl_wait inside
