@@ -12,7 +12,14 @@
  * The block table is exactly as wide as the context (the runner rounds widths up to a power of two, which can
  * make its graphs use more splits than needed). Outputs are checked to be finite.
  *
- * Usage: bench_cuda_attention [cuda-plugin.so]   (BENCH_ITERS=N: eager calls per shape, default 200)
+ * Prefill: one 2048-token sequence (positions 0..2047, all its keys in the cache), the same heads and layers,
+ * eager, with the fast prefill kernel (attention_prefill.cu) and with BERTH_CUDA_ATT_PREFILL=old (attention.cu's
+ * tensor-core kernel); prints microseconds per call, TFLOP/s over the visible (query, key) pairs (2 (D + DV)
+ * FLOPs each per head), and the largest |new - old| of the outputs (both round q and P to bf16, so they differ by
+ * about that rounding, not more).
+ *
+ * Usage: bench_cuda_attention [cuda-plugin.so]   (BENCH_ITERS=N: eager calls per shape, default 200;
+ *        BENCH_PREFILL_ONLY=1: skip the decode shapes)
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -175,6 +182,106 @@ static double run_graph(const berth_attention_params *p)
     return dt;
 }
 
+#define PF_T 2048
+
+/* The prefill shape on pool (head dim D, window) with scattered blocks perm; new and old kernel. Returns the
+ * number of non-finite outputs. */
+static int bench_prefill(berth_buffer *pool, int n_blocks, const int32_t *perm, int D, int window, int iters)
+{
+    const int bt_w = PF_T / BLOCK;
+    const uint64_t qbytes = sizeof(float) * (uint64_t)D * N_HEADS * PF_T;
+    float *hq = malloc(qbytes), *hnew = malloc(qbytes), *hold = malloc(qbytes);
+    int32_t *hi = malloc(sizeof(int32_t) * PF_T);
+    if (!hq || !hnew || !hold || !hi)
+        exit(1);
+    berth_buffer *qb = alloc(qbytes, BERTH_USAGE_ACTIVATIONS), *ob = alloc(qbytes, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *posb = alloc(4u * PF_T, BERTH_USAGE_ACTIVATIONS), *qsb = alloc(8u, BERTH_USAGE_ACTIVATIONS);
+    berth_buffer *kvb = alloc(4u, BERTH_USAGE_ACTIVATIONS), *btb = alloc(4u * (uint64_t)bt_w, BERTH_USAGE_ACTIVATIONS);
+    for (uint64_t i = 0; i < qbytes / sizeof(float); i++)
+        hq[i] = 0.5f * randf();
+    upload(qb, 0, hq, qbytes);
+    for (int i = 0; i < PF_T; i++)
+        hi[i] = i;
+    upload(posb, 0, hi, 4u * PF_T);
+    const int32_t qs[2] = {0, PF_T}, kvl = PF_T;
+    upload(qsb, 0, qs, sizeof qs);
+    upload(kvb, 0, &kvl, sizeof kvl);
+    for (int b = 0; b < bt_w; b++)
+        hi[b] = perm[b] % n_blocks;
+    upload(btb, 0, hi, 4u * (uint64_t)bt_w);
+
+    berth_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.mask = BERTH_MASK_CAUSAL;
+    p.window = window;
+    p.scale = 1.0f;
+    p.n_seqs = 1;
+    p.max_q_len = PF_T;
+    p.max_kv_len = PF_T;
+    p.q = tensor(qb, BERTH_DTYPE_F32, 4, D, N_HEADS, PF_T);
+    p.out = tensor(ob, BERTH_DTYPE_F32, 4, D, N_HEADS, PF_T);
+    p.positions = tensor(posb, BERTH_DTYPE_I32, 4, PF_T, 1, 1);
+    p.seq_q_start = tensor(qsb, BERTH_DTYPE_I32, 4, 2, 1, 1);
+    p.seq_kv_len = tensor(kvb, BERTH_DTYPE_I32, 4, 1, 1, 1);
+    p.block_table = tensor(btb, BERTH_DTYPE_I32, 4, bt_w, 1, 1);
+    berth_kv_view *kv = &p.kv;
+    kv->k_buf = kv->v_buf = pool;
+    kv->k_offset = 0;
+    kv->v_offset = (uint64_t)BLOCK * (uint64_t)D * 2u;
+    kv->block_stride = (uint64_t)BLOCK * 2u * (uint64_t)D * 2u;
+    kv->token_stride = kv->head_stride = (uint64_t)D * 2u;
+    kv->v_token_stride = kv->v_head_stride = (uint64_t)D * 2u;
+    kv->dtype = BERTH_DTYPE_BF16;
+    kv->block_size = BLOCK;
+    kv->n_blocks = n_blocks;
+    kv->n_kv_heads = 1;
+    kv->head_dim = kv->head_dim_v = D;
+
+    double pairs = 0.0;
+    for (int t = 0; t < PF_T; t++)
+        pairs += window > 0 && window < t + 1 ? window : t + 1;
+    const double flops = pairs * N_HEADS * 2.0 * (2.0 * D);
+    const int n_iters = iters / 4 > 10 ? iters / 4 : 10;
+    const char *prev = getenv("BERTH_CUDA_ATT_PREFILL");
+    char *saved = prev ? strdup(prev) : NULL;
+    unsetenv("BERTH_CUDA_ATT_PREFILL");
+    const double tn = run_eager(&p, n_iters);
+    check(vt->buffer_download(be, st, ob, 0, hnew, qbytes), "buffer_download");
+    check(vt->stream_sync(be, st), "stream_sync");
+    setenv("BERTH_CUDA_ATT_PREFILL", "old", 1);
+    const double to = run_eager(&p, n_iters);
+    check(vt->buffer_download(be, st, ob, 0, hold, qbytes), "buffer_download");
+    check(vt->stream_sync(be, st), "stream_sync");
+    if (saved)
+        setenv("BERTH_CUDA_ATT_PREFILL", saved, 1);
+    else
+        unsetenv("BERTH_CUDA_ATT_PREFILL");
+    free(saved);
+    int nonfinite = 0;
+    double maxdiff = 0.0;
+    for (uint64_t i = 0; i < qbytes / sizeof(float); i++) {
+        nonfinite += !isfinite(hnew[i]) || !isfinite(hold[i]);
+        const double d = fabs((double)hnew[i] - (double)hold[i]);
+        maxdiff = d > maxdiff ? d : maxdiff;
+    }
+    printf("  prefill T %d: new %8.1f us %6.1f TFLOP/s | old %8.1f us %6.1f TFLOP/s | x%.2f | max |new - old| %.3g%s\n",
+           PF_T, tn * 1e6, flops / tn * 1e-12, to * 1e6, flops / to * 1e-12, to / tn, maxdiff,
+           nonfinite ? "  NON-FINITE OUTPUT" : "");
+    fflush(stdout);
+    vt->buffer_free(be, qb);
+    vt->buffer_free(be, ob);
+    vt->buffer_free(be, posb);
+    vt->buffer_free(be, qsb);
+    vt->buffer_free(be, kvb);
+    vt->buffer_free(be, btb);
+    free(hq);
+    free(hnew);
+    free(hold);
+    free(hi);
+    return nonfinite;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = argc > 1 ? argv[1] : CUDA_PLUGIN_PATH;
@@ -258,8 +365,10 @@ int main(int argc, char **argv)
         const int D = dims[di_], window = D == 256 ? 512 : 0;
         berth_buffer *pool = make_pool(D, n_blocks);
         printf("\nhead dim %d, %s\n", D, window ? "sliding window 512" : "no window");
+        bad += bench_prefill(pool, n_blocks, perm, D, window, iters);
+        const char *pf_only = getenv("BENCH_PREFILL_ONLY");
         printf("  seqs    ctx |   eager us   GB/s |   graph us   GB/s | K/V MB\n");
-        for (int si = 0; si < 4; si++) {
+        for (int si = 0; si < 4 && !(pf_only && strcmp(pf_only, "1") == 0); si++) {
             for (int ci = 0; ci < 3; ci++) {
                 const int n = seqs_list[si], ctx = ctx_list[ci], bt_w = ctx / BLOCK;
                 for (int s = 0; s < n; s++)

@@ -37,6 +37,10 @@
 
 #include <inttypes.h>
 
+/* attention_prefill.cu: the tensor-core prefill kernel with GQA-packed rows (*ran false: the case is not
+ * covered and nothing was enqueued; then the kernels below run). BERTH_CUDA_ATT_PREFILL=old keeps them. */
+berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+
 // ---------------------------------------------------------------------------------------------------------------
 // Shared definitions.
 
@@ -1964,5 +1968,9 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     if (T == p->n_seqs)
         return att_run_decode(be, s, p, a);
+    bool ran = false;
+    const berth_status pst = cu_attention_prefill_fast(be, s, p, &ran);
+    if (pst != BERTH_OK || ran)
+        return pst;
     return att_run_prefill(be, s, a);
 }
