@@ -33,14 +33,13 @@
  *    DRAM round trip, the reduction. The GEMV therefore issues its first step of weight loads before it waits for
  *    the previous kernel (while that kernel still runs) when w lives in a BERTH_USAGE_WEIGHTS buffer, which no
  *    kernel writes; x, y and bias are touched only after the wait.
- *  - The RMS-norm prologue (x_norm_mode): the GEMV needs no extra pass. Every team already reads all of x's rows
- *    over K for its dot products, so each thread also sums the squares of the raw x values it reads, the team
- *    reduces those sums with the products, and the store scales by rstd = 1 / sqrt(sumsq / K + eps):
- *    y = rstd * sum_k x[k] w_norm[k] w[n, k] (the norm weight, widened, multiplies x inside the product). No extra
- *    barrier, no extra launch; only the kernel variant with the prologue carries the extra registers. The other
- *    paths (M > MM_GEMV_MAX_M) fold it into the pass that gathers x for cuBLAS: a block computes its row's rstd
- *    and writes the normalised row (in the dtype cuBLAS reads), so x is always gathered when the prologue is on;
- *    the skinny kernel does not take it (cuBLAS runs instead).
+ *  - The RMS-norm prologue (x_norm_mode) is applied by the pass that gathers x (mm_pack_x: one block per row
+ *    computes rstd and writes the normalised row, f32 for the GEMV, the weight dtype for cuBLAS), so the product
+ *    kernels never see it; the skinny kernel does not take it (cuBLAS runs instead). Folding it into the GEMV's
+ *    dot products (squares summed alongside, the norm weight multiplied into x per chunk) was measured on the
+ *    H200 and dropped: the M = 1 GEMV is close to the SM's instruction-issue limit at full bandwidth, and the
+ *    extra multiply-adds per weight chunk made the qkv and gate|up products 1.5-2x slower than the gather launch
+ *    they saved (batch-1 decode 372 -> 323 tok/s).
  *  - No split-K: at the Gemma 4 decode shapes the team-size rule below already has every (row, 16-byte chunk)
  *    load of the small matrices in flight at once (N = 256..512, K = 1536: 256-thread teams, one chunk per thread
  *    per row), and the tall ones (K = 6144..12288, N = 1536) fill the GPU in one wave with 4 loads per thread in
@@ -65,11 +64,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
 #define MM_SLAB_BYTES ((int64_t)64 << 20) /* fp32 mode, bf16/f16 weights: widened rows per cuBLAS call */
 #define MM_WS_ALIGN 256
 /* GEMV blocks per SM the register allocation must allow (48 / 64 / 128 registers): 40 resident warps keep enough
- * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. `tight`: the
- * norm-prologue variant with f16 weights, whose conversions would spill at 48 / 64 registers, gets one block less. */
-static constexpr int mm_min_blocks(int mb, bool tight)
+ * loads in flight at M = 1; the M = 5..8 kernel needs its accumulators and stays at 16 warps. */
+static constexpr int mm_min_blocks(int mb)
 {
-    return mb == 1 ? (tight ? 4 : 5) : mb == 2 ? (tight ? 3 : 4) : 2;
+    return mb == 1 ? 5 : mb == 2 ? 4 : 2;
 }
 
 static int64_t mm_round_up(int64_t v, int64_t to)
@@ -98,12 +96,6 @@ struct mm_gemv_args {
     int32_t accumulate;
     int32_t tpr_log2;              /* threads per row team = 1 << tpr_log2, 32..MM_THREADS */
     int32_t early;                 /* w may be read before cu_pdl_wait (a weights buffer: no kernel writes it) */
-    /* the RMS-norm prologue (NORM kernels only) */
-    const void *nw;                /* norm weight ne {K} (modes W, W_ONE_PLUS), else NULL */
-    int32_t nw_dt;
-    int32_t norm_mode;             /* BERTH_NORM_W / W_ONE_PLUS / UNIT */
-    float norm_eps;
-    int32_t nw_vec;                /* nw is 16-byte aligned: a chunk's factors load as one or two vectors */
     /* the gated epilogue: N counts outputs; with HALVES a team's first R/2 rows are gate rows n, the others the
      * up rows N + n of the same outputs */
     int32_t glu;                   /* BERTH_GLU_NONE / HALVES / MUL */
@@ -119,54 +111,6 @@ static __device__ __forceinline__ float mm_norm_factor(const void *nw, int dt, i
     if (mode == BERTH_NORM_W_ONE_PLUS)
         return 1.0f + cu_ld(nw, dt, k);
     return 1.0f;
-}
-
-/* The prologue's weight factors of elements k0 .. k0 + E of x (k0 a multiple of E). With a.nw_vec the bf16/f16
- * factors come in 8-byte words and f32 ones in float4s (one or two loads instead of E scalar loads, which made
- * the norm variant of the GEMV issue-bound). */
-template <int E>
-static __device__ __forceinline__ void mm_norm_factors(const mm_gemv_args &a, int64_t k0, float (&nf)[E])
-{
-    if (a.norm_mode == BERTH_NORM_UNIT) {
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            nf[e] = 1.0f;
-        return;
-    }
-    if (E % 4 == 0 && a.nw_vec && a.nw_dt != BERTH_DTYPE_F32) {
-#pragma unroll
-        for (int q = 0; q < E / 4; q++) {
-            const uint2 u = reinterpret_cast<const uint2 *>((const unsigned short *)a.nw + k0)[q];
-            if (a.nw_dt == BERTH_DTYPE_BF16) {
-                nf[4 * q + 0] = __uint_as_float(u.x << 16);
-                nf[4 * q + 1] = __uint_as_float(u.x & 0xffff0000u);
-                nf[4 * q + 2] = __uint_as_float(u.y << 16);
-                nf[4 * q + 3] = __uint_as_float(u.y & 0xffff0000u);
-            } else {
-                nf[4 * q + 0] = __half2float(__ushort_as_half((unsigned short)(u.x & 0xffffu)));
-                nf[4 * q + 1] = __half2float(__ushort_as_half((unsigned short)(u.x >> 16)));
-                nf[4 * q + 2] = __half2float(__ushort_as_half((unsigned short)(u.y & 0xffffu)));
-                nf[4 * q + 3] = __half2float(__ushort_as_half((unsigned short)(u.y >> 16)));
-            }
-        }
-    } else if (E % 4 == 0 && a.nw_vec) {
-#pragma unroll
-        for (int q = 0; q < E / 4; q++) {
-            const float4 v = reinterpret_cast<const float4 *>((const float *)a.nw + k0)[q];
-            nf[4 * q + 0] = v.x;
-            nf[4 * q + 1] = v.y;
-            nf[4 * q + 2] = v.z;
-            nf[4 * q + 3] = v.w;
-        }
-    } else {
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            nf[e] = cu_ld(a.nw, a.nw_dt, k0 + e);
-    }
-    if (a.norm_mode == BERTH_NORM_W_ONE_PLUS)
-#pragma unroll
-        for (int e = 0; e < E; e++)
-            nf[e] += 1.0f;
 }
 
 /* 16 bytes of weights, streamed: not kept in L1 (x lives there). A coherent load, not ld.global.nc: with
@@ -254,32 +198,20 @@ static __device__ __forceinline__ void mm_ld_x(const float *xr, int64_t c, float
     }
 }
 
-/* acc[m][r] += x[m] . w[r] over chunk c. NORM: ss[m] += the squares of the raw x values, and x is multiplied by
- * the norm weight's factor before the product (rstd is applied at the store). */
-template <int WDT, int MB, int R, bool VEC, bool NORM>
-static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], float (&ss)[MB],
-                                                    const mm_chunk<WDT, VEC> (&ch)[R], const float *const (&xr)[MB],
-                                                    int64_t c, const mm_gemv_args &a)
+/* acc[m][r] += x[m] . w[r] over chunk c. */
+template <int WDT, int MB, int R, bool VEC>
+static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], const mm_chunk<WDT, VEC> (&ch)[R],
+                                                    const float *const (&xr)[MB], int64_t c)
 {
     constexpr int E = mm_chunk<WDT, VEC>::E;
     float wf[R][E];
 #pragma unroll
     for (int r = 0; r < R; r++)
         ch[r].widen(wf[r]);
-    float nf[E];
-    if constexpr (NORM)
-        mm_norm_factors<E>(a, c * E, nf);
 #pragma unroll
     for (int m = 0; m < MB; m++) {
         float xv[E];
         mm_ld_x<E>(xr[m], c, xv);
-        if constexpr (NORM) {
-#pragma unroll
-            for (int e = 0; e < E; e++) {
-                ss[m] = fmaf(xv[e], xv[e], ss[m]);
-                xv[e] *= nf[e];
-            }
-        }
 #pragma unroll
         for (int r = 0; r < R; r++)
 #pragma unroll
@@ -288,11 +220,11 @@ static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], float (
     }
 }
 
-/* Final value of output (m, n0 + j): the product v (and vu, the up row's, with HALVES) * rstd (the prologue's;
- * 1 without), + bias, then the gated epilogue, + old y when accumulating (never with an epilogue). */
-template <int MB, bool NORM>
+/* Final value of output (m, n0 + j): the product v (and vu, the up row's, with HALVES), + bias, then the gated
+ * epilogue, + old y when accumulating (never with an epilogue). */
+template <int MB>
 static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int m, int j, float v,
-                                                     float vu, float sumsq)
+                                                     float vu)
 {
     const int64_t n = n0 + j;
     if (m >= a.M || n >= a.N)
@@ -305,11 +237,6 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
             yr = a.y[q];
             ur = a.u[q];
         }
-    if constexpr (NORM) {
-        const float rstd = 1.0f / sqrtf(sumsq / (float)a.K + a.norm_eps); /* rms_norm's, as the CPU computes it */
-        v *= rstd;
-        vu *= rstd;
-    }
     if (a.bias) {
         v += cu_ld(a.bias, a.bias_dt, n);
         if (a.glu == BERTH_GLU_HALVES)
@@ -322,6 +249,35 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
     if (a.accumulate)
         v += yr[n];
     yr[n] = v;
+}
+
+/* Sum over a team's lanes: the whole warp for teams of 32 or more threads (each warp's partial), else over the
+ * team's aligned group of tpr lanes (teams of 8 or 16 threads share a warp). Every lane gets its sum. */
+static __device__ __forceinline__ float mm_team_sum(float v, int tpr)
+{
+    for (int o = (tpr < 32 ? tpr : 32) >> 1; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Lane t of a team of at most one warp stores output t = m * RO + j (RO outputs per team; the up row's sum sits at j + RO
+ * when RO < R). RO is a template argument so that every index below is static: with a runtime RO the compiler
+ * kept acc in local memory. */
+template <int MB, int R, int RO>
+static __device__ __forceinline__ void mm_lane_store(const mm_gemv_args &a, int64_t n0, int t,
+                                                     const float (&acc)[MB][R])
+{
+    float v = 0.0f, vu = 0.0f;
+#pragma unroll
+    for (int m = 0; m < MB; m++)
+#pragma unroll
+        for (int j = 0; j < RO; j++)
+            if (t == m * RO + j) {
+                v = acc[m][j];
+                if (RO < R)
+                    vu = acc[m][j + (RO < R ? RO : 0)];
+            }
+    mm_gemv_store<MB>(a, n0, t / RO, t % RO, v, vu);
 }
 
 /* One step's chunks of this thread: chunk c of each row into c0, chunk c + tpr into c1 (PAIR only), each only
@@ -340,12 +296,10 @@ static __device__ __forceinline__ void mm_step_loads(mm_chunk<WDT, VEC> (&c0)[R]
             c1[r].load(wr[r], c + tpr);
 }
 
-template <int WDT, int MB, int R, bool VEC, bool NORM>
-__global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == BERTH_DTYPE_F16))
-    mm_gemv_kernel(const mm_gemv_args a)
+template <int WDT, int MB, int R, bool VEC>
+__global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(const mm_gemv_args a)
 {
-    constexpr int NS = NORM ? MB : 0; /* the prologue's sums of squares, after the products in red */
-    __shared__ float red[MM_THREADS / 32][MB * R + NS];
+    __shared__ float red[MM_THREADS / 32][MB * R];
     cu_pdl_trigger();
     const int tpr = 1 << a.tpr_log2;
     const int team = (int)threadIdx.x >> a.tpr_log2;
@@ -366,10 +320,9 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
         wr[r] = a.w + (r < RO ? n : a.N + n) * a.ldw; /* r >= RO only with HALVES: the up row of output n */
     }
 
-    float acc[MB][R], ss[MB];
+    float acc[MB][R];
 #pragma unroll
     for (int m = 0; m < MB; m++) {
-        ss[m] = 0.0f;
 #pragma unroll
         for (int r = 0; r < R; r++)
             acc[m][r] = 0.0f;
@@ -391,17 +344,17 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
     /* Each step computes the chunks loaded for it, then loads the next step's (where they exist). */
     if constexpr (PAIR) {
         while (c + tpr < nch) {
-            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
-            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c1, xr, c + tpr, a);
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c1, xr, c + tpr);
             c += 2 * tpr;
             mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
         }
         if (c < nch) /* the odd last chunk */
-            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
     } else {
 #pragma unroll 1
         while (c < nch) {
-            mm_fma_chunk<WDT, MB, R, VEC, NORM>(acc, ss, c0, xr, c, a);
+            mm_fma_chunk<WDT, MB, R, VEC>(acc, c0, xr, c);
             c += tpr;
             mm_step_loads<WDT, R, VEC, PAIR>(c0, c1, wr, c, tpr, nch);
         }
@@ -411,9 +364,7 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
     for (int m = 0; m < MB; m++) {
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[m][r] = cu_warp_sum(acc[m][r]);
-        if constexpr (NORM)
-            ss[m] = cu_warp_sum(ss[m]);
+            acc[m][r] = mm_team_sum(acc[m][r], tpr);
     }
 
     if (tpr > 32) { /* the team spans several warps: add the warps' sums through shared memory */
@@ -424,39 +375,23 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB, NORM && WDT == B
 #pragma unroll
                 for (int r = 0; r < R; r++)
                     red[warp][m * R + r] = acc[m][r];
-                if constexpr (NORM)
-                    red[warp][MB * R + m] = ss[m];
             }
         __syncthreads();
         if (active && t < MB * RO) { /* thread t stores output (t / RO, n0 + t % RO) */
             const int wpt = tpr >> 5, w0 = team * wpt, m = t / RO, j = t % RO;
-            float v = 0.0f, vu = 0.0f, sq = 0.0f;
+            float v = 0.0f, vu = 0.0f;
             for (int q = 0; q < wpt; q++) {
                 v += red[w0 + q][m * R + j];
                 if (RO < R)
                     vu += red[w0 + q][m * R + j + RO];
-                if constexpr (NORM)
-                    sq += red[w0 + q][MB * R + m];
             }
-            mm_gemv_store<MB, NORM>(a, n0, m, j, v, vu, sq);
+            mm_gemv_store<MB>(a, n0, m, j, v, vu);
         }
     } else if (active && t < MB * RO) { /* every lane holds every sum: lane t stores output t */
-        const int mo = t / RO, j = t % RO;
-        float v = 0.0f, vu = 0.0f, sq = 0.0f;
-#pragma unroll
-        for (int m = 0; m < MB; m++) {
-#pragma unroll
-            for (int r = 0; r < R; r++)
-                if (m == mo) {
-                    if (r == j)
-                        v = acc[m][r];
-                    if (r == j + RO)
-                        vu = acc[m][r];
-                }
-            if (NORM && m == mo)
-                sq = ss[m];
-        }
-        mm_gemv_store<MB, NORM>(a, n0, mo, j, v, vu, sq);
+        if (RO < R)
+            mm_lane_store<MB, R, R / 2>(a, n0, t, acc);
+        else
+            mm_lane_store<MB, R, R>(a, n0, t, acc);
     }
 }
 
@@ -466,11 +401,8 @@ static cudaError_t mm_gemv_launch_mb(berth_backend *be, bool vec, unsigned block
 {
     constexpr int R = MB <= 2 ? 2 : 4; /* more rows per team for larger M: each x load feeds R rows */
     const dim3 g(blocks), b(MM_THREADS);
-    if (a.norm_mode != BERTH_NORM_W_NONE)
-        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, true>, a)
-                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, true>, a);
-    return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, false>, a)
-               : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, false>, a);
+    return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true>, a)
+               : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false>, a);
 }
 
 template <int WDT>
@@ -721,13 +653,6 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
     a.bias_dt = p->bias.dtype;
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
-    a.norm_mode = opck_matmul_norm_mode(p);
-    if (a.norm_mode != BERTH_NORM_W_NONE) {
-        a.norm_eps = p->x_norm_eps;
-        a.nw = opck_norm_has_weight(a.norm_mode) ? cu_ptr(&p->x_norm_w) : NULL;
-        a.nw_dt = p->x_norm_w.dtype;
-        a.nw_vec = a.nw && (uintptr_t)a.nw % 16 == 0;
-    }
     /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
@@ -741,12 +666,13 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         a.u[m] = (const float *)(ur.base + cu_row_off(ur, m));
         x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
     }
-    if (vec && !x_aligned) { /* the vector kernel reads x in float4s: gather the rows, 16-byte aligned */
+    const bool norm = opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE;
+    if (norm || (vec && !x_aligned)) { /* the prologue, or float4 reads of unaligned rows: gather x, normalised */
         const int64_t ld = mm_round_up(K, 4);
         void *ws = NULL;
         berth_status st = cu_stream_ws(be, s, (size_t)(M * ld) * sizeof(float), &ws);
         if (st == BERTH_OK)
-            st = mm_pack_x(be, s, p, false, M, K, ws, ld, BERTH_DTYPE_F32); /* raw: the kernel normalises */
+            st = mm_pack_x(be, s, p, true, M, K, ws, ld, BERTH_DTYPE_F32);
         if (st != BERTH_OK)
             return st;
         for (int64_t m = 0; m < M; m++)
@@ -764,16 +690,18 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     const int64_t groups = (a.N + RO - 1) / RO;
     /* team size: the largest power of two that keeps groups * tpr within n_sms * 1024 threads (32 warps per SM:
      * one wave at the ~40 resident warps the M = 1 kernel's registers allow, and 16+ warps of loads in flight),
-     * 32..256, and no wider than the row has chunks */
+     * 32..256, and no wider than the row has chunks. (Teams of 8 or 16 lanes for the tall gate|up matrices, whose
+     * grid is 1.2-2.3 waves at 32, measured no faster on the H200: the kernel keeps mm_team_sum for them.) */
+    const int floor_lg = 5;
     const int64_t want = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * 1024;
     int lg = mm_log2_floor(want / groups);
     int cap = mm_log2_ceil(a.nch);
-    if (cap < 5)
-        cap = 5;
+    if (cap < floor_lg)
+        cap = floor_lg;
     if (lg > cap)
         lg = cap;
-    if (lg < 5)
-        lg = 5;
+    if (lg < floor_lg)
+        lg = floor_lg;
     if (lg > 8)
         lg = 8;
     a.tpr_log2 = lg;

@@ -276,65 +276,62 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
     }
 }
 
-/* RMS norm + weight + RoPE (q-norm and rotation in one launch): a warp per row (a head, n <= NM_ROPE_MAX), the
- * normalised, weighted row staged in the warp's slice of shared memory so each lane can read its element's pair
- * partner; then each lane writes its elements, rotated exactly as rp_rope_kernel computes them (fp32 angle
- * (float)pos * freq, precise sincosf, the same two expressions), times out_scale. The row is read whole before
- * anything is written, so y may alias x. */
+/* RMS norm + weight + RoPE (q-norm and rotation in one launch): a block per row (a head, n <= NM_ROPE_MAX, a
+ * thread per element), the raw row staged in shared memory so that a thread can read its pair partner; each
+ * thread of the first n_pairs then rotates one whole pair (one sincosf, both elements written) exactly as
+ * rp_rope_kernel does (fp32 angle (float)pos * freq, precise sincosf, the same two expressions) on the normalised,
+ * weighted values ((x * rstd) * w, rms_norm's order), and the elements outside every pair are copied, times
+ * out_scale. A warp per row with the lanes looping over the elements ran ~2.5x longer at decode (8 rows of 256):
+ * the loops are serial latency. The row is read whole before anything is written, so y may alias x. */
 #define NM_ROPE_MAX 1024
-#define NM_ROPE_WARPS 8
-__global__ void __launch_bounds__(32 * NM_ROPE_WARPS) nm_rms_rope_kernel(const nm_rms_args a)
+__global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_args a)
 {
     extern __shared__ float nm_rope_smem[];
+    __shared__ float scratch[32];
     cu_pdl_trigger();
     cu_pdl_wait();
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    float *buf = nm_rope_smem + (int64_t)warp * a.n;
-    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp; row < a.rows;
-         row += (int64_t)gridDim.x * (blockDim.x >> 5)) {
+    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    const bool half = a.rmode_rope == BERTH_ROPE_HALF;
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) { /* uniform over the block */
         const float *x = nm_row(a.x, row);
         float *y = nm_row(a.y, row);
         float ss = 0.0f;
-        for (int64_t i = lane; i < a.n; i += 32) {
+        for (int64_t i = tid; i < a.n; i += nt) {
             const float v = x[i];
-            buf[i] = v;
+            nm_rope_smem[i] = v;
             ss = fmaf(v, v, ss);
         }
-        ss = cu_warp_sum(ss);
+        ss = cu_block_sum(ss, scratch); /* its barriers also publish the staged row */
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
-        for (int64_t i = lane; i < a.n; i += 32) { /* own elements only: no barrier needed before */
-            float v = buf[i] * inv;
+        const float p = (float)a.pos[row / a.heads];
+        for (int64_t j = tid; j < a.np; j += nt) {
+            const int64_t i0 = half ? j : 2 * j, i1 = half ? j + a.roff : 2 * j + 1;
+            float x0 = nm_rope_smem[i0] * inv, x1 = nm_rope_smem[i1] * inv;
+            if (a.wmode == BERTH_NORM_W) {
+                x0 *= cu_ld(a.w, a.wdt, i0);
+                x1 *= cu_ld(a.w, a.wdt, i1);
+            } else if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
+                x0 *= 1.0f + cu_ld(a.w, a.wdt, i0);
+                x1 *= 1.0f + cu_ld(a.w, a.wdt, i1);
+            }
+            float sn, cs;
+            sincosf(p * a.freqs[j], &sn, &cs);
+            const float o0 = x0 * cs - x1 * sn, o1 = x1 * cs + x0 * sn;
+            y[i0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
+            y[i1] = a.oscale != 1.0f ? o1 * a.oscale : o1;
+        }
+        for (int64_t i = tid; i < a.n; i += nt) { /* the elements outside every pair */
+            const bool rot = half ? i < a.np || (i >= a.roff && i < a.roff + a.np) : i < 2 * (int64_t)a.np;
+            if (rot)
+                continue;
+            float v = nm_rope_smem[i] * inv;
             if (a.wmode == BERTH_NORM_W)
                 v *= cu_ld(a.w, a.wdt, i);
             else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
                 v *= 1.0f + cu_ld(a.w, a.wdt, i);
-            buf[i] = v;
+            y[i] = a.oscale != 1.0f ? v * a.oscale : v;
         }
-        __syncwarp();
-        const float p = (float)a.pos[row / a.heads];
-        for (int64_t i = lane; i < a.n; i += 32) {
-            const float v = buf[i];
-            float o = v;
-            int64_t j = -1, partner = 0; /* pair j, its other element; first: i is the pair's first element */
-            bool first = false;
-            if (a.rmode_rope == BERTH_ROPE_HALF) {
-                if (i < a.np) {
-                    j = i, partner = i + a.roff, first = true;
-                } else if (i >= a.roff && i < a.roff + a.np) {
-                    j = i - a.roff, partner = j, first = false;
-                }
-            } else if (i < 2 * (int64_t)a.np) {
-                j = i / 2, first = (i & 1) == 0, partner = first ? i + 1 : i - 1;
-            }
-            if (j >= 0) {
-                float sn, cs;
-                sincosf(p * a.freqs[j], &sn, &cs);
-                const float w = buf[partner];
-                o = first ? v * cs - w * sn : v * cs + w * sn;
-            }
-            y[i] = a.oscale != 1.0f ? o * a.oscale : o;
-        }
-        __syncwarp(); /* buf is rewritten by the next row */
+        __syncthreads(); /* the staged row is rewritten by the next one */
     }
 }
 
@@ -410,11 +407,9 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         a.heads = p->x.ne[1];
         a.rmode_rope = p->rope_mode;
         a.roff = p->rope_pair_offset;
-        const int64_t wpb = rows < NM_ROPE_WARPS ? rows : NM_ROPE_WARPS;
-        const int64_t g = (rows + wpb - 1) / wpb;
-        const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)(g > (1 << 20) ? (1 << 20) : g)),
-                                        dim3((unsigned)(32 * wpb)), (size_t)(wpb * n) * sizeof(float),
-                                        nm_rms_rope_kernel, a);
+        const int64_t threads = (n + 31) / 32 * 32; /* n <= NM_ROPE_MAX (cu_check_rms_norm) */
+        const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)(rows > (1 << 20) ? (1 << 20) : rows)),
+                                        dim3((unsigned)threads), (size_t)n * sizeof(float), nm_rms_rope_kernel, a);
         return cu_check(be, e, "rms_norm (RoPE) kernel");
     }
 
