@@ -34,6 +34,7 @@
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
+#include "cuda_mma.cuh"
 
 #include <inttypes.h>
 
@@ -81,23 +82,6 @@ struct attn_args {
     /* prefill */
     const int32_t *tile_start; /* [n_seqs + 1]: first tile of each sequence, then the total */
 };
-
-/* Keys [lo, hi) that a query at pos sees among kv_len keys (hi == lo: none). */
-__device__ __forceinline__ void att_row_range(const attn_args &a, int32_t pos, int32_t kv_len, int32_t *lo,
-                                              int32_t *hi)
-{
-    if (a.mask == BERTH_MASK_NONE) {
-        *lo = 0;
-        *hi = kv_len;
-        return;
-    }
-    int64_t h = (int64_t)pos + 1 < kv_len ? (int64_t)pos + 1 : kv_len;
-    int64_t l = a.window > 0 ? (int64_t)pos - a.window + 1 : 0;
-    l = l > 0 ? l : 0;
-    h = h > l ? h : l;
-    *lo = (int32_t)l;
-    *hi = (int32_t)h;
-}
 
 /* seq_kv_len[seq] clamped to what its block-table row can address. */
 __device__ __forceinline__ int32_t att_kv_len(const attn_args &a, int seq)
@@ -372,7 +356,7 @@ __global__ void __launch_bounds__(ATT_PF_THREADS, MINB) attn_prefill_kernel(cons
     if (tid < BM) {
         int32_t lo = 0, hi = 0;
         if (tid < nrows)
-            att_row_range(a, a.positions[r0 + tid], kv_len, &lo, &hi);
+            cu_attn_row_range(a.mask, a.window, a.positions[r0 + tid], kv_len, &lo, &hi);
         row_lo[tid] = lo;
         row_hi[tid] = hi;
         if (hi > lo) {
@@ -576,83 +560,6 @@ struct att_mma_cfg {
         ((size_t)(BM + 2 * BN) * ST + (WD > 1 ? (size_t)BM * PST : 0)) * sizeof(uint16_t);
 };
 
-__device__ __forceinline__ uint32_t att_smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void att_ldsm4(uint32_t r[4], const uint16_t *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(att_smem_addr(p)));
-}
-
-__device__ __forceinline__ void att_ldsm4_t(uint32_t r[4], const uint16_t *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(att_smem_addr(p)));
-}
-
-/* d += a b: m16n8k16, A row-major 16 x 16, B "col" (K-major) 16 x 8, fp32 accumulators. */
-template <bool F16>
-__device__ __forceinline__ void att_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    if constexpr (F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats rounded (to nearest even) to the MMA's input type, x in the low half. */
-template <bool F16>
-__device__ __forceinline__ uint32_t att_pack2(float x, float y)
-{
-    if constexpr (F16) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *(const uint32_t *)&h;
-    } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *(const uint32_t *)&h;
-    }
-}
-
-/* The sum of the two rounded values packed in u, in fp32 (exact: both are bf16/f16 values). */
-template <bool F16>
-__device__ __forceinline__ float att_unpack2_sum(uint32_t u)
-{
-    if constexpr (F16) {
-        const float2 f = __half22float2(*(const __half2 *)&u);
-        return f.x + f.y;
-    } else {
-        return __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
-    }
-}
-
-/* 16 bytes global -> shared; bytes == 0 zero-fills the destination and reads nothing. */
-__device__ __forceinline__ void att_cp16(uint16_t *dst, const char *src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(att_smem_addr(dst)), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void att_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-template <int N>
-__device__ __forceinline__ void att_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
 /* Barrier of the WD warps of one row group (ids 1..4; __syncthreads owns 0). */
 template <int WD>
 __device__ __forceinline__ void att_group_bar(int rg)
@@ -683,7 +590,7 @@ __device__ __forceinline__ void att_mma_issue(uint16_t *dst, const char *base, c
         const char *src = base + (o >= 0 ? o : 0);
         const int bytes = o >= 0 ? 16 : 0;
         for (int c8 = lane; c8 < ncol8; c8 += 32)
-            att_cp16(dst + r * ST + c8 * 8, src + (size_t)c8 * 16, bytes);
+            cu_cp16(dst + r * ST + c8 * 8, src + (size_t)c8 * 16, bytes);
     }
 }
 
@@ -747,7 +654,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
     if (tid < BM) {
         int32_t lo = 0, hi = 0;
         if (tid < nrows)
-            att_row_range(a, a.positions[r0 + tid], kv_len, &lo, &hi);
+            cu_attn_row_range(a.mask, a.window, a.positions[r0 + tid], kv_len, &lo, &hi);
         row_lo[tid] = lo;
         row_hi[tid] = hi;
     }
@@ -798,7 +705,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
             key_offsets(k0, 0, table_entry(k0));
         __syncthreads();
         att_mma_issue<WARPS, BN, ST>(Ks, a.kbase, koff_s[0], a.D / 8);
-        att_cp_commit();
+        cu_cp_commit();
     }
     /* Q tile, rounded to the MMA type (rows past nrows: zeros). Visible after the loop's first barrier. */
     for (int r = warp; r < BM; r += WARPS) {
@@ -808,7 +715,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
             if (qr)
                 v = a.q_vec ? ((const float4 *)qr)[d4]
                             : make_float4(qr[4 * d4], qr[4 * d4 + 1], qr[4 * d4 + 2], qr[4 * d4 + 3]);
-            *(uint2 *)(Qs + r * ST + d4 * 4) = make_uint2(att_pack2<F16>(v.x, v.y), att_pack2<F16>(v.z, v.w));
+            *(uint2 *)(Qs + r * ST + d4 * 4) = make_uint2(cu_pack2<F16>(v.x, v.y), cu_pack2<F16>(v.z, v.w));
         }
     }
 
@@ -820,10 +727,10 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
     while (k0 != INT32_MAX) {
         const int32_t k1 = k0 < kmax - BN ? att_mma_next(k0 + BN, wlo0, whi0, wlo1, whi1) : INT32_MAX;
         const int32_t entry1 = k1 != INT32_MAX && tid < BN ? table_entry(k1) : -1; /* used after S: latency hidden */
-        att_cp_wait<0>();
+        cu_cp_wait<0>();
         __syncthreads(); /* K(k0) and Q visible; every warp is done with V, P and the offsets of the last tile */
         att_mma_issue<WARPS, BN, ST>(Vs, a.vbase, voff_s[buf], a.DV / 8);
-        att_cp_commit();
+        cu_cp_commit();
 
         /* S = Q K^T over this warp's keys, skipping 16-key chunks its row group does not see. */
         bool act[NKC];
@@ -842,15 +749,15 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
 #pragma unroll 2
             for (int ks = 0; ks < nks; ks++) {
                 uint32_t af[4];
-                att_ldsm4(af, qa + ks * 16);
+                cu_ldsm4(af, qa + ks * 16);
 #pragma unroll
                 for (int kc = 0; kc < NKC; kc++) {
                     if (!act[kc])
                         continue;
                     uint32_t bf[4];
-                    att_ldsm4(bf, kb + kc * 16 * ST + ks * 16);
-                    att_mma<F16>(s[2 * kc], af, bf[0], bf[1]);
-                    att_mma<F16>(s[2 * kc + 1], af, bf[2], bf[3]);
+                    cu_ldsm4(bf, kb + kc * 16 * ST + ks * 16);
+                    cu_mma16816<F16>(s[2 * kc], af, bf[0], bf[1]);
+                    cu_mma16816<F16>(s[2 * kc + 1], af, bf[2], bf[3]);
                 }
             }
         }
@@ -918,10 +825,10 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
             const float p1 = nmA == -INFINITY ? 0.0f : exp2f((s[n][1] - nmA) * LOG2E);
             const float p2 = nmB == -INFINITY ? 0.0f : exp2f((s[n][2] - nmB) * LOG2E);
             const float p3 = nmB == -INFINITY ? 0.0f : exp2f((s[n][3] - nmB) * LOG2E);
-            pk[n][0] = att_pack2<F16>(p0, p1);
-            pk[n][1] = att_pack2<F16>(p2, p3);
-            sumA += att_unpack2_sum<F16>(pk[n][0]);
-            sumB += att_unpack2_sum<F16>(pk[n][1]);
+            pk[n][0] = cu_pack2<F16>(p0, p1);
+            pk[n][1] = cu_pack2<F16>(p2, p3);
+            sumA += cu_unpack2_sum<F16>(pk[n][0]);
+            sumB += cu_unpack2_sum<F16>(pk[n][1]);
         }
         lA = lA * alA + sumA;
         lB = lB * alB + sumB;
@@ -947,10 +854,10 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
         __syncthreads(); /* every warp is done with K; P (WD > 1) and the next offsets are visible */
         if (k1 != INT32_MAX) {
             att_mma_issue<WARPS, BN, ST>(Ks, a.kbase, koff_s[buf ^ 1], a.D / 8);
-            att_cp_commit();
-            att_cp_wait<1>();
+            cu_cp_commit();
+            cu_cp_wait<1>();
         } else {
-            att_cp_wait<0>();
+            cu_cp_wait<0>();
         }
         __syncthreads(); /* V(k0) visible */
 
@@ -967,16 +874,16 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
                 af[2] = pk[2 * kc + 1][0];
                 af[3] = pk[2 * kc + 1][1];
             } else {
-                att_ldsm4(af, Ps + (rg * 16 + (lane & 15)) * PST + kc * 16 + (lane >> 4) * 8);
+                cu_ldsm4(af, Ps + (rg * 16 + (lane & 15)) * PST + kc * 16 + (lane >> 4) * 8);
             }
 #pragma unroll
             for (int nd = 0; nd < NO / 2; nd++) {
                 if (hw * OW + nd * 16 >= a.DV)
                     break;
                 uint32_t bf[4];
-                att_ldsm4_t(bf, vb + kc * 16 * ST + nd * 16);
-                att_mma<F16>(o[2 * nd], af, bf[0], bf[1]);
-                att_mma<F16>(o[2 * nd + 1], af, bf[2], bf[3]);
+                cu_ldsm4_t(bf, vb + kc * 16 * ST + nd * 16);
+                cu_mma16816<F16>(o[2 * nd], af, bf[0], bf[1]);
+                cu_mma16816<F16>(o[2 * nd + 1], af, bf[2], bf[3]);
             }
         }
         k0 = k1;
@@ -1257,7 +1164,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
     for (int32_t t = q0; t < q1; t++) {
         const int32_t pos = t == seq ? pos_seq : a.positions[t];
         int32_t lo, hi;
-        att_row_range(a, pos, kv_len, &lo, &hi);
+        cu_attn_row_range(a.mask, a.window, pos, kv_len, &lo, &hi);
         /* This split's share of [lo, hi): chunks of at least ATT_DEC_MIN_CHUNK keys, a multiple of it. */
         const int32_t len = hi - lo; /* 32-bit division: no 64-bit division routine in the kernel */
         int64_t chunk = (int64_t)((uint32_t)len / (uint32_t)ns) + ((uint32_t)len % (uint32_t)ns != 0u);

@@ -46,6 +46,7 @@
  */
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
+#include "cuda_mma.cuh"
 
 #include <stdlib.h>
 #include <string.h>
@@ -110,66 +111,6 @@ struct apf_args {
 // ---------------------------------------------------------------------------------------------------------------
 // Device helpers.
 
-__device__ __forceinline__ uint32_t apf_saddr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-__device__ __forceinline__ void apf_ldsm4(uint32_t r[4], const uint16_t *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(apf_saddr(p)));
-}
-
-__device__ __forceinline__ void apf_ldsm4_t(uint32_t r[4], const uint16_t *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(apf_saddr(p)));
-}
-
-/* d += a b: m16n8k16, A row-major 16 x 16, B K-major 16 x 8, fp32 accumulators. */
-template <bool F16>
-__device__ __forceinline__ void apf_mma(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    if constexpr (F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                     "{%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* Two floats rounded to nearest even to the MMA's input type, x in the low half. */
-template <bool F16>
-__device__ __forceinline__ uint32_t apf_pack2(float x, float y)
-{
-    if constexpr (F16) {
-        const __half2 h = __floats2half2_rn(x, y);
-        return *(const uint32_t *)&h;
-    } else {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-        return *(const uint32_t *)&h;
-    }
-}
-
-/* The sum of the two rounded values packed in u (exact in fp32). */
-template <bool F16>
-__device__ __forceinline__ float apf_sum2(uint32_t u)
-{
-    if constexpr (F16) {
-        const float2 f = __half22float2(*(const __half2 *)&u);
-        return f.x + f.y;
-    } else {
-        return __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
-    }
-}
-
 /* 2^x (MUFU.EX2, relative error ~2^-22; results below 2^-126 flush to 0, which no rounded P can tell). */
 __device__ __forceinline__ float apf_exp2(float x)
 {
@@ -178,43 +119,10 @@ __device__ __forceinline__ float apf_exp2(float x)
     return y;
 }
 
-/* 16 bytes global -> shared; bytes == 0 zero-fills the destination and reads nothing. */
-__device__ __forceinline__ void apf_cp16(uint16_t *dst, const char *src, int bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(apf_saddr(dst)), "l"(src), "r"(bytes));
-}
-
-__device__ __forceinline__ void apf_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::);
-}
-
-__device__ __forceinline__ void apf_cp_wait_all()
-{
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-}
-
 /* Barrier of the two warps of row group rg (ids 1..RG; __syncthreads owns 0). */
 __device__ __forceinline__ void apf_pair_bar(int rg)
 {
     asm volatile("bar.sync %0, 64;\n" ::"r"(rg + 1) : "memory");
-}
-
-/* Keys [lo, hi) that a query at pos sees among kv_len keys (lo == hi: none). */
-__device__ __forceinline__ void apf_row_range(const apf_args &a, int32_t pos, int32_t kv_len, int32_t *lo,
-                                              int32_t *hi)
-{
-    if (a.mask == BERTH_MASK_NONE) {
-        *lo = 0;
-        *hi = kv_len;
-        return;
-    }
-    int64_t h = (int64_t)pos + 1 < kv_len ? (int64_t)pos + 1 : kv_len;
-    int64_t l = a.window > 0 ? (int64_t)pos - a.window + 1 : 0;
-    l = l > 0 ? l : 0;
-    h = h > l ? h : l;
-    *lo = (int32_t)l;
-    *hi = (int32_t)h;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -345,7 +253,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
         if (pp < npacked) {
             tok = q0 + (int32_t)(pp / a.n_rep);
             head = kvh * a.n_rep + (int32_t)(pp % a.n_rep);
-            apf_row_range(a, a.positions[tok], kv_len, &lo, &hi);
+            cu_attn_row_range(a.mask, a.window, a.positions[tok], kv_len, &lo, &hi);
         }
         row_lo[tid] = lo;
         row_hi[tid] = hi;
@@ -416,8 +324,8 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
     };
     auto issue_piece = [&](uint16_t *Kd, const longlong2 &off, uint64_t valid, int i) {
         const bool ok = valid >> (pr0 + i * RSTEP) & 1u;
-        apf_cp16(Kd + pdst + i * RSTEP * ST, ksrc + off.x, ok ? kbytes : 0);
-        apf_cp16(Kd + BN * ST + pdst + i * RSTEP * ST, vsrc + off.y, ok ? vbytes : 0);
+        cu_cp16(Kd + pdst + i * RSTEP * ST, ksrc + off.x, ok ? kbytes : 0);
+        cu_cp16(Kd + BN * ST + pdst + i * RSTEP * ST, vsrc + off.y, ok ? vbytes : 0);
     };
 
     if (tid < BN) {
@@ -431,7 +339,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
 #pragma unroll
         for (int i = 0; i < PER; i++)
             issue_piece(KVs, off_s[0][pr0 + i * RSTEP], valid, i);
-        apf_cp_commit();
+        cu_cp_commit();
     }
 
     /* Q tile rounded to the MMA type; padding rows and columns zero. 16-byte rows: a thread's loads are all in
@@ -456,7 +364,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
                 for (int i = 0; i < QB; i++) {
                     const int idx = tid + (i0 + i) * THREADS, m = idx / C4, d4 = idx % C4;
                     *(uint2 *)(Qs + m * ST + d4 * 4) =
-                        make_uint2(apf_pack2<F16>(v[i].x, v[i].y), apf_pack2<F16>(v[i].z, v[i].w));
+                        make_uint2(cu_pack2<F16>(v[i].x, v[i].y), cu_pack2<F16>(v[i].z, v[i].w));
                 }
             }
         } else {
@@ -470,7 +378,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
                         (const float *)(a.q + (int64_t)tok * a.q_nb2 + (int64_t)row_head[m] * a.q_nb1) + 4 * d4;
                     v = make_float4(qr[0], qr[1], qr[2], qr[3]);
                 }
-                *(uint2 *)(Qs + m * ST + d4 * 4) = make_uint2(apf_pack2<F16>(v.x, v.y), apf_pack2<F16>(v.z, v.w));
+                *(uint2 *)(Qs + m * ST + d4 * 4) = make_uint2(cu_pack2<F16>(v.x, v.y), cu_pack2<F16>(v.z, v.w));
             }
         }
     }
@@ -487,7 +395,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
 
     for (int t = 0; t < nt; t++) {
         const int32_t e2 = tid < BN ? tile_entry(t + 2) : -1; /* consumed after S: its latency is hidden */
-        apf_cp_wait_all();
+        cu_cp_wait<0>();
         __syncthreads(); /* tile t's K/V (and, at t = 0, Q) visible; every warp is done with tile t - 1 */
         const uint16_t *Ks = KVs + (size_t)(2 * (t & 1)) * BN * ST;
         const uint16_t *Vs = Ks + BN * ST;
@@ -512,32 +420,32 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
         if (wact) {
             constexpr int NSTEP = NKS * NKC, LAB = THREADS > 256 ? 1 : NKC >= 4 ? 2 : 4, RB = LAB + 1;
             uint32_t af[2][4], bf[RB][4];
-            apf_ldsm4(af[0], qa);
+            cu_ldsm4(af[0], qa);
 #pragma unroll
             for (int i = 0; i < LAB; i++)
-                apf_ldsm4(bf[i % RB], Ks + kb_off + (i % NKC) * 16 * ST + (i / NKC) * 16);
+                cu_ldsm4(bf[i % RB], Ks + kb_off + (i % NKC) * 16 * ST + (i / NKC) * 16);
 #pragma unroll
             for (int i = 0; i < NSTEP; i++) {
                 const int ks = i / NKC, kc = i % NKC;
                 if (kc == 0 && ks + 1 < NKS)
-                    apf_ldsm4(af[(ks + 1) & 1], qa + (ks + 1) * 16);
+                    cu_ldsm4(af[(ks + 1) & 1], qa + (ks + 1) * 16);
                 if (i + LAB < NSTEP)
-                    apf_ldsm4(bf[(i + LAB) % RB], Ks + kb_off + ((i + LAB) % NKC) * 16 * ST + ((i + LAB) / NKC) * 16);
+                    cu_ldsm4(bf[(i + LAB) % RB], Ks + kb_off + ((i + LAB) % NKC) * 16 * ST + ((i + LAB) / NKC) * 16);
                 if (kc == 0 && ks < PER) {
                     const longlong2 cur = offp;
                     if (ks + 1 < PER)
                         offp = offn[(ks + 1) * RSTEP];
                     issue_piece(Kn, cur, validn, ks);
                 }
-                apf_mma<F16>(s[2 * kc], af[ks & 1], bf[i % RB][0], bf[i % RB][1]);
-                apf_mma<F16>(s[2 * kc + 1], af[ks & 1], bf[i % RB][2], bf[i % RB][3]);
+                cu_mma16816<F16>(s[2 * kc], af[ks & 1], bf[i % RB][0], bf[i % RB][1]);
+                cu_mma16816<F16>(s[2 * kc + 1], af[ks & 1], bf[i % RB][2], bf[i % RB][3]);
             }
         } else {
 #pragma unroll
             for (int i = 0; i < PER; i++)
                 issue_piece(Kn, offn[i * RSTEP], validn, i);
         }
-        apf_cp_commit();
+        cu_cp_commit();
         if constexpr (WD > 1) {
             /* Swap the partial scores with the partner warp and add (the same sum in both warps). */
             float4 *mine = Xs + (size_t)((rg * WD + hw) * NT) * 32 + lane;
@@ -621,10 +529,10 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
         uint32_t pk[NT][2]; /* P rounded, packed: [8-key tile][row A, row B] */
 #pragma unroll
         for (int n = 0; n < NT; n++) {
-            pk[n][0] = apf_pack2<F16>(apf_exp2(s[n][0] - msA), apf_exp2(s[n][1] - msA));
-            pk[n][1] = apf_pack2<F16>(apf_exp2(s[n][2] - msB), apf_exp2(s[n][3] - msB));
-            lA += apf_sum2<F16>(pk[n][0]);
-            lB += apf_sum2<F16>(pk[n][1]);
+            pk[n][0] = cu_pack2<F16>(apf_exp2(s[n][0] - msA), apf_exp2(s[n][1] - msA));
+            pk[n][1] = cu_pack2<F16>(apf_exp2(s[n][2] - msB), apf_exp2(s[n][3] - msB));
+            lA += cu_unpack2_sum<F16>(pk[n][0]);
+            lB += cu_unpack2_sum<F16>(pk[n][1]);
         }
 
         /* Tile t + 2's offsets into ring slot (t + 2) % 3, last used by tile t - 1 (done: barrier above). */
@@ -638,15 +546,15 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
             uint32_t vf[RING][4];
 #pragma unroll
             for (int i = 0; i < LA; i++)
-                apf_ldsm4_t(vf[i % RING], Vs + vb_off + (i / NDS) * 16 * ST + (i % NDS) * 16);
+                cu_ldsm4_t(vf[i % RING], Vs + vb_off + (i / NDS) * 16 * ST + (i % NDS) * 16);
 #pragma unroll
             for (int i = 0; i < NSTEP; i++) {
                 if (i + LA < NSTEP)
-                    apf_ldsm4_t(vf[(i + LA) % RING], Vs + vb_off + ((i + LA) / NDS) * 16 * ST + ((i + LA) % NDS) * 16);
+                    cu_ldsm4_t(vf[(i + LA) % RING], Vs + vb_off + ((i + LA) / NDS) * 16 * ST + ((i + LA) % NDS) * 16);
                 const int kc = i / NDS, nd = i % NDS;
                 const uint32_t af[4] = {pk[2 * kc][0], pk[2 * kc][1], pk[2 * kc + 1][0], pk[2 * kc + 1][1]};
-                apf_mma<F16>(o[2 * nd], af, vf[i % RING][0], vf[i % RING][1]);
-                apf_mma<F16>(o[2 * nd + 1], af, vf[i % RING][2], vf[i % RING][3]);
+                cu_mma16816<F16>(o[2 * nd], af, vf[i % RING][0], vf[i % RING][1]);
+                cu_mma16816<F16>(o[2 * nd + 1], af, vf[i % RING][2], vf[i % RING][3]);
             }
         }
     }
@@ -664,7 +572,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
      * way. The last zero-fill pieces land first (nothing reads them, but they write this space). */
     constexpr int OST = DP + 8;
     static_assert((size_t)M * OST * sizeof(float) <= C::smem_bytes, "output staging");
-    apf_cp_wait_all();
+    cu_cp_wait<0>();
     __syncthreads(); /* every warp is done with Q, K and V */
     float *Os = (float *)apf_dsmem;
 #pragma unroll
