@@ -417,3 +417,45 @@ int hx_main(int argc, char **argv, Suite *(*make_suite)(void))
     }
     return failed ? 1 : 0;
 }
+
+int64_t hx_dtype_size(berth_dtype dt)
+{
+    return dt == BERTH_DTYPE_F16 || dt == BERTH_DTYPE_BF16 ? 2 : 4;
+}
+
+const char *hx_dtype_name(berth_dtype dt)
+{
+    switch (dt) {
+    case BERTH_DTYPE_F32: return "f32";
+    case BERTH_DTYPE_F16: return "f16";
+    case BERTH_DTYPE_BF16: return "bf16";
+    case BERTH_DTYPE_I32: return "i32";
+    default: return "?";
+    }
+}
+
+berth_tensor hx_view(const struct hx_tensor *t, int side, int64_t off, int64_t ne0, int64_t ne1, int64_t ne2,
+                     int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3)
+{
+    berth_tensor v = t->t[side];
+    const int64_t es = hx_dtype_size(t->dtype);
+    v.offset += (uint64_t)(off * es);
+    v.ne[0] = ne0;
+    v.ne[1] = ne1;
+    v.ne[2] = ne2;
+    v.ne[3] = ne3;
+    v.nb[0] = es;
+    v.nb[1] = nb1 * es;
+    v.nb[2] = nb2 * es;
+    v.nb[3] = nb3 * es;
+    return v;
+}
+
+void hx_run_both(int32_t op, const void *p_cpu, const void *p_gpu, const char *what)
+{
+    berth_status st = hx_op(HX_CPU, op, p_cpu);
+    ck_assert_msg(st == BERTH_OK, "%s: cpu op failed (%d): %s", what, (int)st, hx_last_error);
+    st = hx_op(HX_GPU, op, p_gpu);
+    ck_assert_msg(st == BERTH_OK, "%s: cuda op failed (%d): %s", what, (int)st, hx_last_error);
+    hx_sync();
+}

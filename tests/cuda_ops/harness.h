@@ -73,6 +73,15 @@ double hx_expect_close(const struct hx_tensor *t, double atol, double rtol, cons
 /* Exact equality of the stored bytes (i32 outputs). */
 void hx_expect_equal(const struct hx_tensor *t, const char *what);
 
+/* Bytes per element (f32/i32: 4, bf16/f16: 2) and the dtype's name, for views and messages. */
+int64_t hx_dtype_size(berth_dtype dt);
+const char *hx_dtype_name(berth_dtype dt);
+/* A view of t on one side: offset and strides in elements (nb[0] = the element size). */
+berth_tensor hx_view(const struct hx_tensor *t, int side, int64_t off, int64_t ne0, int64_t ne1, int64_t ne2,
+                     int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3);
+/* Run op on both sides (params per side) and wait; both must succeed (a check failure names `what`). */
+void hx_run_both(int32_t op, const void *p_cpu, const void *p_gpu, const char *what);
+
 /* Deterministic random source seeded from hx->seed (per call sequence). */
 uint64_t hx_rand_u64(void);
 float hx_rand_uniform(float lo, float hi);

@@ -38,50 +38,6 @@ static bool bf16_mode(void)
     return m && strcmp(m, "bf16") == 0;
 }
 
-static const char *dt_name(berth_dtype dt)
-{
-    switch (dt) {
-    case F32: return "f32";
-    case F16: return "f16";
-    case BF16: return "bf16";
-    case I32: return "i32";
-    default: return "?";
-    }
-}
-
-static int64_t dt_bytes(berth_dtype dt)
-{
-    return dt == F16 || dt == BF16 ? 2 : 4;
-}
-
-/* A view of t on one side: offset and strides in elements. */
-static berth_tensor tview(const struct hx_tensor *t, int s, int64_t off, int64_t ne0, int64_t ne1, int64_t ne2,
-                          int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3)
-{
-    berth_tensor v = t->t[s];
-    const int64_t es = dt_bytes(t->dtype);
-    v.offset += (uint64_t)(off * es);
-    v.ne[0] = ne0;
-    v.ne[1] = ne1;
-    v.ne[2] = ne2;
-    v.ne[3] = ne3;
-    v.nb[0] = es;
-    v.nb[1] = nb1 * es;
-    v.nb[2] = nb2 * es;
-    v.nb[3] = nb3 * es;
-    return v;
-}
-
-/* Run op on both sides (params per side) and wait; both must succeed. */
-static void run_op(int32_t op, const void *p_cpu, const void *p_gpu, const char *what)
-{
-    berth_status st = hx_op(HX_CPU, op, p_cpu);
-    ck_assert_msg(st == BERTH_OK, "%s: cpu op failed (%d): %s", what, (int)st, hx_last_error);
-    st = hx_op(HX_GPU, op, p_gpu);
-    ck_assert_msg(st == BERTH_OK, "%s: cuda op failed (%d): %s", what, (int)st, hx_last_error);
-    hx_sync();
-}
-
 /* ---------------------------------------------------------------------------------------------------------------
  * matmul */
 
@@ -143,7 +99,7 @@ static void mm_run(const struct mm_case *c)
     const int64_t M = c->M, K = c->K, N = c->N;
     char what[160];
     snprintf(what, sizeof what, "matmul M=%lld K=%lld N=%lld w=%s bias=%s acc=%d xview=%d yview=%d", (long long)M,
-             (long long)K, (long long)N, dt_name(c->wdt), c->bias ? dt_name((berth_dtype)(c->bias - 1)) : "none",
+             (long long)K, (long long)N, hx_dtype_name(c->wdt), c->bias ? hx_dtype_name((berth_dtype)(c->bias - 1)) : "none",
              c->acc, c->xview, c->yview);
 
     struct hx_tensor X = c->xview == XV_PACKED   ? hx_new(F32, K, M, 0, 0)
@@ -170,15 +126,15 @@ static void mm_run(const struct mm_case *c)
         if (c->xview == XV_PACKED)
             p[s].x = X.t[s];
         else if (c->xview == XV_PADDED)
-            p[s].x = tview(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
+            p[s].x = hx_view(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
         else
-            p[s].x = tview(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
+            p[s].x = hx_view(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
         p[s].w = W.t[s];
         if (c->bias)
             p[s].bias = B.t[s];
-        p[s].y = c->yview ? tview(&Y, s, 0, N, M, 1, 1, N + 3, (N + 3) * M, (N + 3) * M) : Y.t[s];
+        p[s].y = c->yview ? hx_view(&Y, s, 0, N, M, 1, 1, N + 3, (N + 3) * M, (N + 3) * M) : Y.t[s];
     }
-    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
 
     const double scale = sqrt((double)K);
     if (bf16_mode() && M > 8)
@@ -242,7 +198,7 @@ END_TEST
 static void get_rows_case(berth_dtype tdt, int64_t D, int64_t Nrows, int64_t T, float scale)
 {
     char what[96];
-    snprintf(what, sizeof what, "get_rows table=%s D=%lld N=%lld T=%lld scale=%g", dt_name(tdt), (long long)D,
+    snprintf(what, sizeof what, "get_rows table=%s D=%lld N=%lld T=%lld scale=%g", hx_dtype_name(tdt), (long long)D,
              (long long)Nrows, (long long)T, (double)scale);
     struct hx_tensor tab = hx_new(tdt, D, Nrows, 0, 0), ids = hx_new(I32, T, 0, 0, 0), Y = hx_new(F32, D, T, 0, 0);
     hx_rand(&tab, -2.0f, 2.0f);
@@ -256,7 +212,7 @@ static void get_rows_case(berth_dtype tdt, int64_t D, int64_t Nrows, int64_t T, 
         p[s].ids = ids.t[s];
         p[s].y = Y.t[s];
     }
-    run_op(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_free(&tab);
     hx_free(&ids);
@@ -292,7 +248,7 @@ START_TEST(test_get_rows_bad_id)
         p[s].ids = s == HX_CPU ? ok.t[s] : bad.t[s];
         p[s].y = Y.t[s];
     }
-    run_op(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], "get_rows with ids -1 and N");
+    hx_run_both(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], "get_rows with ids -1 and N");
     float cpu[6 * 40], gpu[6 * 40];
     hx_get_f32(&Y, HX_CPU, cpu);
     hx_get_f32(&Y, HX_GPU, gpu);
@@ -344,7 +300,7 @@ static void mm_norm_run(const struct mm_norm_case *c)
     const int64_t M = c->M, K = c->K, N = c->N;
     char what[160];
     snprintf(what, sizeof what, "matmul norm prologue %s (w %s) M=%lld K=%lld N=%lld w=%s xview=%d",
-             wmode_names[c->mode], dt_name(c->nwdt), (long long)M, (long long)K, (long long)N, dt_name(c->wdt),
+             wmode_names[c->mode], hx_dtype_name(c->nwdt), (long long)M, (long long)K, (long long)N, hx_dtype_name(c->wdt),
              c->xview);
     struct hx_tensor X = c->xview == XV_PACKED   ? hx_new(F32, K, M, 0, 0)
                          : c->xview == XV_PADDED ? hx_new(F32, K + 7, M, 0, 0)
@@ -361,9 +317,9 @@ static void mm_norm_run(const struct mm_norm_case *c)
         if (c->xview == XV_PACKED)
             p[s].x = X.t[s];
         else if (c->xview == XV_PADDED)
-            p[s].x = tview(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
+            p[s].x = hx_view(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
         else
-            p[s].x = tview(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
+            p[s].x = hx_view(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
         p[s].w = W.t[s];
         p[s].y = Y.t[s];
         p[s].x_norm_mode = c->mode;
@@ -371,7 +327,7 @@ static void mm_norm_run(const struct mm_norm_case *c)
         if (c->mode != BERTH_NORM_UNIT)
             p[s].x_norm_w = NW.t[s];
     }
-    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
     const double scale = sqrt((double)K);
     if (bf16_mode() && M > 8)
         hx_expect_close(&Y, 1.2e-2 * scale, 0.0, what);
@@ -430,7 +386,7 @@ static void mm_glu_run(const struct mm_glu_case *c)
     char what[192];
     snprintf(what, sizeof what, "matmul glu %s act=%d M=%lld K=%lld N=%lld w=%s bias=%d norm=%d up_view=%d",
              c->mode == BERTH_GLU_HALVES ? "HALVES" : "MUL", c->act, (long long)M, (long long)K, (long long)N,
-             dt_name(c->wdt), c->bias, c->norm, c->up_view);
+             hx_dtype_name(c->wdt), c->bias, c->norm, c->up_view);
     struct hx_tensor X = hx_new(F32, K, M, 0, 0), W = hx_new(c->wdt, K, NZ, 0, 0), B = hx_new(F32, NZ, 0, 0, 0);
     struct hx_tensor NW = hx_new(BF16, K, 0, 0, 0);
     const int64_t ustride = c->up_view == 2 ? 2 * N + 3 : N;
@@ -460,10 +416,10 @@ static void mm_glu_run(const struct mm_glu_case *c)
         p[s].y_glu_act = c->act;
         if (c->mode == BERTH_GLU_MUL)
             p[s].y_glu_up = c->up_view == 1 ? Y.t[s]
-                            : c->up_view == 2 ? tview(&U, s, 3, N, M, 1, 1, ustride, ustride * M, ustride * M)
+                            : c->up_view == 2 ? hx_view(&U, s, 3, N, M, 1, 1, ustride, ustride * M, ustride * M)
                                               : U.t[s];
     }
-    run_op(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
     const double scale = sqrt((double)K) * (c->norm ? 3.0 : 1.0);
     if (bf16_mode() && M > 8)
         hx_expect_close(&Y, 1.2e-2 * scale * scale, 0.0, what);
@@ -491,7 +447,7 @@ static void rms_case(int wmode, int rmode, int64_t n, int64_t rows, berth_dtype 
 {
     char what[128];
     snprintf(what, sizeof what, "rms_norm weight=%s resid=%s n=%lld rows=%lld w=%s%s%s", wmode_names[wmode],
-             rmode_names[rmode], (long long)n, (long long)rows, dt_name(wdt), alias ? " y=x" : "",
+             rmode_names[rmode], (long long)n, (long long)rows, hx_dtype_name(wdt), alias ? " y=x" : "",
              strided ? " strided" : "");
     const int64_t pad = strided ? 9 : 0;
     struct hx_tensor X = hx_new(F32, n + pad, rows, 0, 0), R = hx_new(F32, n + pad, rows, 0, 0);
@@ -508,9 +464,9 @@ static void rms_case(int wmode, int rmode, int64_t n, int64_t rows, berth_dtype 
         p[s].resid_mode = rmode;
         p[s].eps = 1e-6f;
         if (strided) { /* rows as {n, 2, rows/2}: the second dim's stride skips the padding */
-            p[s].x = tview(&X, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
-            p[s].residual = tview(&R, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
-            p[s].y = tview(&Y, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+            p[s].x = hx_view(&X, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+            p[s].residual = hx_view(&R, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
+            p[s].y = hx_view(&Y, s, 4, n, 2, rows / 2, 1, n + pad, 2 * (n + pad), rows * (n + pad));
         } else {
             p[s].x = X.t[s];
             p[s].residual = R.t[s];
@@ -523,7 +479,7 @@ static void rms_case(int wmode, int rmode, int64_t n, int64_t rows, berth_dtype 
         if (rmode == BERTH_RESID_NONE)
             memset(&p[s].residual, 0, sizeof p[s].residual);
     }
-    run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_close(alias ? &X : &Y, EW_ATOL, EW_RTOL, what);
     if (rmode == BERTH_RESID_ADD_BEFORE)
         hx_expect_close(&R, EW_ATOL, EW_RTOL, what);
@@ -586,7 +542,7 @@ static void layer_norm_case(int with_w, int with_b, int rmode, int64_t n, int64_
         if (with_b)
             p[s].b = Bt.t[s];
     }
-    run_op(BERTH_OP_LAYER_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_LAYER_NORM, &p[HX_CPU], &p[HX_GPU], what);
     /* (x - mean) / sd over thousands of elements: the two backends sum in different orders, and a bias near 1
      * cancels against normalised values near -1, so the absolute error is that of the normalised value. */
     hx_expect_close(alias ? &X : &Y, LN_ATOL, EW_RTOL, what);
@@ -617,7 +573,7 @@ static void gated_case(int act, int64_t n, int64_t rows, berth_dtype wdt)
 {
     char what[96];
     snprintf(what, sizeof what, "gated_rms_norm act=%d n=%lld rows=%lld w=%s", act, (long long)n, (long long)rows,
-             dt_name(wdt));
+             hx_dtype_name(wdt));
     struct hx_tensor X = hx_new(F32, n, rows, 0, 0), Z = hx_new(F32, n, rows, 0, 0), Y = hx_new(F32, n, rows, 0, 0);
     struct hx_tensor Wt = hx_new(wdt, n, 0, 0, 0);
     hx_rand(&X, -2.0f, 2.0f);
@@ -634,7 +590,7 @@ static void gated_case(int act, int64_t n, int64_t rows, berth_dtype wdt)
         p[s].w = Wt.t[s];
         p[s].y = Y.t[s];
     }
-    run_op(BERTH_OP_GATED_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_GATED_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_free(&X);
     hx_free(&Z);
@@ -669,10 +625,10 @@ static void unary_case(int act, float in_scale, float out_scale, float lo, float
         p[s].act = act;
         p[s].in_scale = in_scale;
         p[s].out_scale = out_scale;
-        p[s].x = strided ? tview(&X, s, 1, n, 3, rows / 3, 1, n + pad, 3 * (n + pad), rows * (n + pad)) : X.t[s];
-        p[s].y = alias ? p[s].x : strided ? tview(&Y, s, 0, n, 3, rows / 3, 1, n, 3 * n, rows * n) : Y.t[s];
+        p[s].x = strided ? hx_view(&X, s, 1, n, 3, rows / 3, 1, n + pad, 3 * (n + pad), rows * (n + pad)) : X.t[s];
+        p[s].y = alias ? p[s].x : strided ? hx_view(&Y, s, 0, n, 3, rows / 3, 1, n, 3 * n, rows * n) : Y.t[s];
     }
-    run_op(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
     if (!alias)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&X, EW_ATOL, EW_RTOL, what); /* unchanged, or the aliased result */
@@ -708,11 +664,11 @@ static void glu_case(int act, int64_t D, int64_t T, bool alias)
         memset(&p[s], 0, sizeof p[s]);
         p[s].struct_size = sizeof p[s];
         p[s].act = act;
-        p[s].gate = tview(&F, s, 0, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
-        p[s].up = tview(&F, s, D, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
+        p[s].gate = hx_view(&F, s, 0, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
+        p[s].up = hx_view(&F, s, D, D, T, 1, 1, 2 * D, 2 * D * T, 2 * D * T);
         p[s].y = alias ? p[s].gate : Y.t[s];
     }
-    run_op(BERTH_OP_GLU, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_GLU, &p[HX_CPU], &p[HX_GPU], what);
     if (!alias)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&F, EW_ATOL, EW_RTOL, what);
@@ -736,7 +692,7 @@ static void binary_case(int op, berth_dtype bdt, int64_t b0, int64_t b1, int64_t
 {
     const int64_t D = 48, H = 4, T = 5;
     char what[96];
-    snprintf(what, sizeof what, "binary op=%d b=%s {%lld,%lld,%lld} scale=%g%s", op, dt_name(bdt), (long long)b0,
+    snprintf(what, sizeof what, "binary op=%d b=%s {%lld,%lld,%lld} scale=%g%s", op, hx_dtype_name(bdt), (long long)b0,
              (long long)b1, (long long)b2, (double)scale, alias ? " y=a" : "");
     struct hx_tensor A = hx_new(F32, D, H, T, 0), Bt = hx_new(bdt, b0, b1, b2, 0), Y = hx_new(F32, D, H, T, 0);
     hx_rand(&A, -2.0f, 2.0f);
@@ -751,7 +707,7 @@ static void binary_case(int op, berth_dtype bdt, int64_t b0, int64_t b1, int64_t
         p[s].b = Bt.t[s];
         p[s].y = alias ? A.t[s] : Y.t[s];
     }
-    run_op(BERTH_OP_BINARY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_BINARY, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_close(alias ? &A : &Y, EW_ATOL, EW_RTOL, what);
     hx_free(&A);
     hx_free(&Bt);
@@ -778,7 +734,7 @@ static void copy_case(berth_dtype xdt, berth_dtype ydt, bool x_strided)
 {
     const int64_t D = 40, H = 3, T = 6, HY = 5;
     char what[96];
-    snprintf(what, sizeof what, "copy %s -> %s%s", dt_name(xdt), dt_name(ydt), x_strided ? " (strided x)" : "");
+    snprintf(what, sizeof what, "copy %s -> %s%s", hx_dtype_name(xdt), hx_dtype_name(ydt), x_strided ? " (strided x)" : "");
     struct hx_tensor X = hx_new(xdt, x_strided ? D + 3 : D, H, T, 0), Y = hx_new(ydt, D, HY, T, 0);
     hx_rand(&X, -3.0f, 3.0f);
     hx_rand(&Y, -1.0f, 1.0f); /* the rows outside the view must stay as they are */
@@ -786,10 +742,10 @@ static void copy_case(berth_dtype xdt, berth_dtype ydt, bool x_strided)
     for (int s = 0; s < 2; s++) {
         memset(&p[s], 0, sizeof p[s]);
         p[s].struct_size = sizeof p[s];
-        p[s].x = x_strided ? tview(&X, s, 2, D, H, T, 1, D + 3, (D + 3) * H, (D + 3) * H * T) : X.t[s];
-        p[s].y = tview(&Y, s, D, D, H, T, 1, D, D * HY, D * HY * T); /* heads 1..3 of 5 */
+        p[s].x = x_strided ? hx_view(&X, s, 2, D, H, T, 1, D + 3, (D + 3) * H, (D + 3) * H * T) : X.t[s];
+        p[s].y = hx_view(&Y, s, D, D, H, T, 1, D, D * HY, D * HY * T); /* heads 1..3 of 5 */
     }
-    run_op(BERTH_OP_COPY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_COPY, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_equal(&Y, what);
     hx_free(&X);
     hx_free(&Y);
@@ -836,13 +792,13 @@ static void rope_case(int mode, int64_t d, int64_t H, int64_t T, int32_t off, in
         p[s].mode = mode;
         p[s].pair_offset = off;
         p[s].n_pairs = np;
-        p[s].x = strided ? tview(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
+        p[s].x = strided ? hx_view(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
         p[s].y = in_place ? p[s].x : Y.t[s];
         p[s].positions = P.t[s];
         if (np > 0)
             p[s].freqs = Fq.t[s];
     }
-    run_op(BERTH_OP_ROPE, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_ROPE, &p[HX_CPU], &p[HX_GPU], what);
     if (!in_place)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&X, EW_ATOL, EW_RTOL, what);
@@ -892,7 +848,7 @@ static void rms_rope_case(int rope_mode, int64_t d, int64_t H, int64_t T, int32_
         p[s].struct_size = sizeof p[s];
         p[s].weight_mode = wmode;
         p[s].eps = 1e-6f;
-        p[s].x = strided ? tview(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
+        p[s].x = strided ? hx_view(&X, s, d, d, H, T, 1, d, d * heads_x, d * heads_x * T) : X.t[s];
         p[s].y = in_place ? p[s].x : Y.t[s];
         if (wmode == BERTH_NORM_W || wmode == BERTH_NORM_W_ONE_PLUS)
             p[s].w = Wt.t[s];
@@ -902,7 +858,7 @@ static void rms_rope_case(int rope_mode, int64_t d, int64_t H, int64_t T, int32_
         p[s].rope_positions = P.t[s];
         p[s].rope_freqs = Fq.t[s];
     }
-    run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
     if (!in_place)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&X, EW_ATOL, EW_RTOL, what);
@@ -953,7 +909,7 @@ START_TEST(test_rms_norm_out_scale)
                     p[s].residual = R.t[s];
                 p[s].out_scale = 0.37f;
             }
-            run_op(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+            hx_run_both(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
             hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
             hx_expect_close(&R, EW_ATOL, EW_RTOL, what);
             hx_free(&X);

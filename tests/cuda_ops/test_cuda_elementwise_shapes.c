@@ -26,39 +26,6 @@
 #define EW_ATOL 1e-6
 #define EW_RTOL 1e-5
 
-static int64_t dt_bytes(berth_dtype dt)
-{
-    return dt == F16 || dt == BF16 ? 2 : 4;
-}
-
-/* A view of t on one side: offset and strides in elements. */
-static berth_tensor tview(const struct hx_tensor *t, int s, int64_t off, int64_t ne0, int64_t ne1, int64_t ne2,
-                          int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3)
-{
-    berth_tensor v = t->t[s];
-    const int64_t es = dt_bytes(t->dtype);
-    v.offset += (uint64_t)(off * es);
-    v.ne[0] = ne0;
-    v.ne[1] = ne1;
-    v.ne[2] = ne2;
-    v.ne[3] = ne3;
-    v.nb[0] = es;
-    v.nb[1] = nb1 * es;
-    v.nb[2] = nb2 * es;
-    v.nb[3] = nb3 * es;
-    return v;
-}
-
-/* Run op on both sides (params per side) and wait; both must succeed. */
-static void run_op(int32_t op, const void *p_cpu, const void *p_gpu, const char *what)
-{
-    berth_status st = hx_op(HX_CPU, op, p_cpu);
-    ck_assert_msg(st == BERTH_OK, "%s: cpu op failed (%d): %s", what, (int)st, hx_last_error);
-    st = hx_op(HX_GPU, op, p_gpu);
-    ck_assert_msg(st == BERTH_OK, "%s: cuda op failed (%d): %s", what, (int)st, hx_last_error);
-    hx_sync();
-}
-
 /* ---------------------------------------------------------------------------------------------------------------
  * glu on the two halves of a fused projection output F {2 * pitch, T}: gate at element off_g, up at pitch + off_g
  * of each row, rows 2 * pitch apart (pitch >= D + off_g). */
@@ -75,11 +42,11 @@ static void glu_case(int act, int64_t D, int64_t pitch, int64_t off_g, int64_t T
         memset(&p[s], 0, sizeof p[s]);
         p[s].struct_size = sizeof p[s];
         p[s].act = act;
-        p[s].gate = tview(&F, s, off_g, D, T, 1, 1, 2 * pitch, 2 * pitch * T, 2 * pitch * T);
-        p[s].up = tview(&F, s, pitch + off_g, D, T, 1, 1, 2 * pitch, 2 * pitch * T, 2 * pitch * T);
+        p[s].gate = hx_view(&F, s, off_g, D, T, 1, 1, 2 * pitch, 2 * pitch * T, 2 * pitch * T);
+        p[s].up = hx_view(&F, s, pitch + off_g, D, T, 1, 1, 2 * pitch, 2 * pitch * T, 2 * pitch * T);
         p[s].y = alias ? p[s].gate : Y.t[s];
     }
-    run_op(BERTH_OP_GLU, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_GLU, &p[HX_CPU], &p[HX_GPU], what);
     if (!alias)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&F, EW_ATOL, EW_RTOL, what);
@@ -122,10 +89,10 @@ static void unary_case(int act, int64_t n, int64_t ne1, int64_t ne2, int64_t ne3
         p[s].act = act;
         p[s].in_scale = 0.75f;
         p[s].out_scale = 1.25f;
-        p[s].x = tview(&X, s, off, n, ne1, ne2, ne3, pitch, pitch * ne1, pitch * ne1 * ne2);
+        p[s].x = hx_view(&X, s, off, n, ne1, ne2, ne3, pitch, pitch * ne1, pitch * ne1 * ne2);
         p[s].y = alias ? p[s].x : Y.t[s];
     }
-    run_op(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
     if (!alias)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&X, EW_ATOL, EW_RTOL, what);
@@ -176,11 +143,11 @@ static void get_rows_case(berth_dtype tdt, int64_t D, int64_t pitch, int64_t off
         memset(&p[s], 0, sizeof p[s]);
         p[s].struct_size = sizeof p[s];
         p[s].scale = 0.5f;
-        p[s].table = tview(&tab, s, off, D, Nrows, 1, 1, pitch, pitch * Nrows, pitch * Nrows);
+        p[s].table = hx_view(&tab, s, off, D, Nrows, 1, 1, pitch, pitch * Nrows, pitch * Nrows);
         p[s].ids = s == HX_GPU ? bad.t[s] : ids.t[s];
-        p[s].y = tview(&Y, s, 0, D, T, 1, 1, ypitch, ypitch * T, ypitch * T);
+        p[s].y = hx_view(&Y, s, 0, D, T, 1, 1, ypitch, ypitch * T, ypitch * T);
     }
-    run_op(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_GET_ROWS, &p[HX_CPU], &p[HX_GPU], what);
     if (!bad_ids) {
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     } else {
@@ -240,11 +207,11 @@ static void binary_case(int op, berth_dtype bdt, int64_t D, int64_t H, int64_t T
         p[s].struct_size = sizeof p[s];
         p[s].op = op;
         p[s].scale = 0.75f;
-        p[s].a = tview(&A, s, 0, D, H, T, 1, pitch, pitch * H, pitch * H * T);
-        p[s].b = tview(&Bt, s, boff, b0, b1, b2, 1, b0, b0 * b1, b0 * b1 * b2);
+        p[s].a = hx_view(&A, s, 0, D, H, T, 1, pitch, pitch * H, pitch * H * T);
+        p[s].b = hx_view(&Bt, s, boff, b0, b1, b2, 1, b0, b0 * b1, b0 * b1 * b2);
         p[s].y = alias ? p[s].a : Y.t[s];
     }
-    run_op(BERTH_OP_BINARY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_BINARY, &p[HX_CPU], &p[HX_GPU], what);
     if (!alias)
         hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
     hx_expect_close(&A, EW_ATOL, EW_RTOL, what);
@@ -287,10 +254,10 @@ static void copy_case(berth_dtype xdt, berth_dtype ydt, int64_t D, int64_t H, in
     for (int s = 0; s < 2; s++) {
         memset(&p[s], 0, sizeof p[s]);
         p[s].struct_size = sizeof p[s];
-        p[s].x = tview(&X, s, xoff, D, H, T, 1, xpitch, xpitch * H, xpitch * H * T);
-        p[s].y = y_view ? tview(&Y, s, D, D, H, T, 1, D, D * HY, D * HY * T) : Y.t[s];
+        p[s].x = hx_view(&X, s, xoff, D, H, T, 1, xpitch, xpitch * H, xpitch * H * T);
+        p[s].y = y_view ? hx_view(&Y, s, D, D, H, T, 1, D, D * HY, D * HY * T) : Y.t[s];
     }
-    run_op(BERTH_OP_COPY, &p[HX_CPU], &p[HX_GPU], what);
+    hx_run_both(BERTH_OP_COPY, &p[HX_CPU], &p[HX_GPU], what);
     hx_expect_equal(&Y, what);
     hx_free(&X);
     hx_free(&Y);
