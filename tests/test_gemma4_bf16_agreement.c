@@ -114,17 +114,9 @@ int main(void)
     for (int i = 0; i < n_fixtures; i++) calibrated += bf16_calibrated(fixture_dirs[i]);
     if (calibrated == 0) {
         printf("no fixture is marked \"bf16_agreement\": nothing to measure the criterion on\n");
+        g4_free_list(fixture_dirs, n_fixtures);
         return 1;
     }
-    Suite *su = suite_create("gemma4_bf16_agreement");
-    TCase *tc = tcase_create("fixtures");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_bf16_agreement, 0, n_fixtures);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
     g4_free_list(fixture_dirs, n_fixtures);
-    return failed ? 1 : 0;
+    return g4_run_per_fixture("gemma4_bf16_agreement", test_bf16_agreement, &fixture_dirs, &n_fixtures);
 }

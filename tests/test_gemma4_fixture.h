@@ -155,6 +155,33 @@ G4_STATIC void g4_free_list(char **dirs, int n)
     free(dirs);
 }
 
+/* main() of a per-fixture test program: lists the fixtures into *dirs / *n (the test reads them by its loop
+ * index), runs `test` once per fixture as suite `name` (120 s each), frees the list. Returns the exit status: 77
+ * (skipped) without fixtures, 1 if a fixture failed, else 0. */
+G4_STATIC int g4_run_per_fixture(const char *name, const TTest *test, char ***dirs, int *n)
+{
+    *n = g4_list_fixtures(dirs);
+    if (*n == 0) {
+        char *root = g4_fixture_root();
+        printf("SKIP: no Gemma 4 fixtures (no %s/<variant>/reference.json yet)\n", root);
+        free(root);
+        return 77;
+    }
+    Suite *su = suite_create(name);
+    TCase *tc = tcase_create("fixtures");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, test, 0, *n);
+    suite_add_tcase(su, tc);
+    SRunner *sr = srunner_create(su);
+    srunner_run_all(sr, CK_NORMAL);
+    const int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    g4_free_list(*dirs, *n);
+    *dirs = NULL;
+    *n = 0;
+    return failed ? 1 : 0;
+}
+
 G4_STATIC int32_t *g4_int_array(json_t *a, int32_t *n, const char *what, const char *file)
 {
     ck_assert_msg(json_is_array(a), "%s: %s is not an array", file, what);

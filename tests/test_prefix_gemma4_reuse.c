@@ -100,20 +100,5 @@ END_TEST
 
 int main(void)
 {
-    n_fixtures = g4_list_fixtures(&fixture_dirs);
-    if (n_fixtures == 0) {
-        printf("SKIP: no Gemma 4 fixtures\n");
-        return 77;
-    }
-    Suite *su = suite_create("prefix_gemma4_reuse");
-    TCase *tc = tcase_create("fixtures");
-    tcase_set_timeout(tc, 120);
-    tcase_add_loop_test(tc, test_prefix_reuse, 0, n_fixtures);
-    suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    g4_free_list(fixture_dirs, n_fixtures);
-    return failed ? 1 : 0;
+    return g4_run_per_fixture("prefix_gemma4_reuse", test_prefix_reuse, &fixture_dirs, &n_fixtures);
 }
