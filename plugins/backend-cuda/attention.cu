@@ -323,22 +323,10 @@ __global__ void __launch_bounds__(ATT_PF_THREADS, MINB) attn_prefill_kernel(cons
     /* Which sequence and tile: binary search of tile_start. Blocks take tiles from the last one backwards (all
      * heads of a tile together), so the causal tiles with the most keys start first and short ones fill the tail. */
     if (tid == 0) {
-        const int32_t total = a.tile_start[a.n_seqs];
-        const int32_t b = total - 1 - bt_idx;
-        int32_t seq = -1;
-        if (bt_idx < total) {
-            int32_t lo = 0, hi = a.n_seqs - 1; /* largest i with tile_start[i] <= b */
-            while (lo < hi) {
-                const int32_t mid = (lo + hi + 1) >> 1;
-                if (a.tile_start[mid] <= b)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            seq = lo;
-        }
+        int32_t seq, tile;
+        cu_attn_tile_of(a.tile_start, a.n_seqs, bt_idx, &seq, &tile);
         seq_s = seq;
-        tile_s = b;
+        tile_s = tile;
         kmin_s = INT32_MAX;
         kmax_s = 0;
     }
@@ -625,22 +613,10 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
 
     /* Sequence and tile: as in attn_prefill_kernel (last tile first). */
     if (tid == 0) {
-        const int32_t total = a.tile_start[a.n_seqs];
-        const int32_t b = total - 1 - bt_idx;
-        int32_t seq = -1;
-        if (bt_idx < total) {
-            int32_t lo = 0, hi = a.n_seqs - 1;
-            while (lo < hi) {
-                const int32_t mid = (lo + hi + 1) >> 1;
-                if (a.tile_start[mid] <= b)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            seq = lo;
-        }
+        int32_t seq, tile;
+        cu_attn_tile_of(a.tile_start, a.n_seqs, bt_idx, &seq, &tile);
         seq_s = seq;
-        tile_s = b;
+        tile_s = tile;
     }
     __syncthreads();
     const int32_t seq = seq_s;

@@ -214,22 +214,10 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
     const int32_t tix = (int32_t)(blockIdx.x / (unsigned)a.n_kv_heads);
 
     if (tid == 0) {
-        const int32_t total = a.tile_start[a.n_seqs];
-        const int32_t b = total - 1 - tix;
-        int32_t seq = -1;
-        if (tix < total) {
-            int32_t lo = 0, hi = a.n_seqs - 1;
-            while (lo < hi) {
-                const int32_t mid = (lo + hi + 1) >> 1;
-                if (a.tile_start[mid] <= b)
-                    lo = mid;
-                else
-                    hi = mid - 1;
-            }
-            seq = lo;
-        }
+        int32_t seq, tile;
+        cu_attn_tile_of(a.tile_start, a.n_seqs, tix, &seq, &tile);
         seq_s = seq;
-        tile_s = b;
+        tile_s = tile;
     }
     __syncthreads();
     const int32_t seq = seq_s;

@@ -1,7 +1,8 @@
 /*
  * cuda_mma.cuh — device helpers of the tensor-core kernels (attention.cu, attention_prefill.cu): shared-memory
  * addresses, ldmatrix, the m16n8k16 bf16/f16 mma with fp32 accumulators, packing to the mma's input type,
- * cp.async, and the key range a query row of the attention op sees. sm_80+ PTX (the backend builds for sm_90).
+ * cp.async, and what the prefill attention kernels share: the key range a query row sees and the tile a block
+ * takes. sm_80+ PTX (the backend builds for sm_90).
  */
 #ifndef BERTH_CUDA_MMA_CUH
 #define BERTH_CUDA_MMA_CUH
@@ -107,6 +108,31 @@ __device__ __forceinline__ void cu_attn_row_range(int32_t mask, int32_t window, 
     h = h > l ? h : l;
     *lo = (int32_t)l;
     *hi = (int32_t)h;
+}
+
+/* The tile of block slot `slot` (0 = the first block): tiles are taken from the last one backwards, so the causal
+ * tiles with the most keys start first and short ones fill the tail. tile_start[i] = first tile of sequence i,
+ * tile_start[n_seqs] = the total. *seq: the sequence (largest i with tile_start[i] <= tile; -1 when the slot is
+ * past the total), *tile: the tile's global index. */
+__device__ __forceinline__ void cu_attn_tile_of(const int32_t *tile_start, int32_t n_seqs, int32_t slot, int32_t *seq,
+                                                int32_t *tile)
+{
+    const int32_t total = tile_start[n_seqs];
+    const int32_t b = total - 1 - slot;
+    int32_t s = -1;
+    if (slot < total) {
+        int32_t lo = 0, hi = n_seqs - 1;
+        while (lo < hi) {
+            const int32_t mid = (lo + hi + 1) >> 1;
+            if (tile_start[mid] <= b)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        s = lo;
+    }
+    *seq = s;
+    *tile = b;
 }
 
 #endif
