@@ -251,15 +251,6 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
     yr[n] = v;
 }
 
-/* Sum over a team's lanes: the whole warp for teams of 32 or more threads (each warp's partial), else over the
- * team's aligned group of tpr lanes (teams of 8 or 16 threads share a warp). Every lane gets its sum. */
-static __device__ __forceinline__ float mm_team_sum(float v, int tpr)
-{
-    for (int o = (tpr < 32 ? tpr : 32) >> 1; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Lane t of a team of at most one warp stores output t = m * RO + j (RO outputs per team; the up row's sum sits at j + RO
  * when RO < R). RO is a template argument so that every index below is static: with a runtime RO the compiler
  * kept acc in local memory. */
@@ -364,7 +355,7 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(
     for (int m = 0; m < MB; m++) {
 #pragma unroll
         for (int r = 0; r < R; r++)
-            acc[m][r] = mm_team_sum(acc[m][r], tpr);
+            acc[m][r] = cu_warp_sum(acc[m][r]);
     }
 
     if (tpr > 32) { /* the team spans several warps: add the warps' sums through shared memory */
@@ -691,7 +682,8 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     /* team size: the largest power of two that keeps groups * tpr within n_sms * 1024 threads (32 warps per SM:
      * one wave at the ~40 resident warps the M = 1 kernel's registers allow, and 16+ warps of loads in flight),
      * 32..256, and no wider than the row has chunks. (Teams of 8 or 16 lanes for the tall gate|up matrices, whose
-     * grid is 1.2-2.3 waves at 32, measured no faster on the H200: the kernel keeps mm_team_sum for them.) */
+     * grid is 1.2-2.3 waves at 32, measured no faster on the H200; their reduction, a loop over a runtime lane
+     * count, also cost the M = 8 kernel, whose 32 sums per team are a good part of its work.) */
     const int floor_lg = 5;
     const int64_t want = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * 1024;
     int lg = mm_log2_floor(want / groups);
