@@ -687,7 +687,10 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     b.seq_q_start = tensor_1d(r->meta, r->off_q_start, BERTH_DTYPE_I32, n_seqs + 1);
     b.seq_kv_len = tensor_1d(r->meta, r->off_kv_len, BERTH_DTYPE_I32, n_seqs);
     b.logit_rows = tensor_1d(r->meta, r->off_logit_rows, BERTH_DTYPE_I32, n_logits);
-    if (r->layout.n_states > 0) b.state_slots = tensor_1d(r->meta, r->off_state_slots, BERTH_DTYPE_I32, n_seqs);
+    if (r->layout.n_states > 0) {
+        b.state_slots = tensor_1d(r->meta, r->off_state_slots, BERTH_DTYPE_I32, n_seqs);
+        b.h_state_slots = r->h_state_slots;
+    }
     b.h_tokens = r->h_tokens;
     b.h_positions = r->h_positions;
     b.h_seq_q_start = r->h_q_start;

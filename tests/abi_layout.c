@@ -368,7 +368,7 @@ _Static_assert(offsetof(berth_kv_group_batch, seq_kv_len) == 280, "berth_kv_grou
 _Static_assert(offsetof(berth_kv_group_batch, h_seq_kv_len) == 368, "berth_kv_group_batch.h_seq_kv_len moved");
 _Static_assert(sizeof(berth_state_batch) == 88, "berth_state_batch size changed");
 _Static_assert(offsetof(berth_state_batch, pool) == 0, "berth_state_batch.pool moved");
-_Static_assert(sizeof(berth_batch) == 704, "berth_batch size changed");
+_Static_assert(sizeof(berth_batch) == 712, "berth_batch size changed");
 _Static_assert(offsetof(berth_batch, struct_size) == 0, "berth_batch.struct_size moved");
 _Static_assert(offsetof(berth_batch, n_tokens) == 4, "berth_batch.n_tokens moved");
 _Static_assert(offsetof(berth_batch, n_seqs) == 8, "berth_batch.n_seqs moved");
@@ -391,6 +391,7 @@ _Static_assert(offsetof(berth_batch, n_states) == 596, "berth_batch.n_states mov
 _Static_assert(offsetof(berth_batch, kv) == 600, "berth_batch.kv moved");
 _Static_assert(offsetof(berth_batch, states) == 608, "berth_batch.states moved");
 _Static_assert(offsetof(berth_batch, logits) == 616, "berth_batch.logits moved");
+_Static_assert(offsetof(berth_batch, h_state_slots) == 704, "berth_batch.h_state_slots moved");
 _Static_assert(sizeof(berth_counter) == 16, "berth_counter size changed");
 _Static_assert(offsetof(berth_counter, name) == 0, "berth_counter.name moved");
 _Static_assert(offsetof(berth_counter, value) == 8, "berth_counter.value moved");

@@ -157,7 +157,9 @@ typedef struct berth_batch {
     const berth_kv_group_batch *kv;    /* [n_kv_groups] */
     const berth_state_batch *states;   /* [n_states] */
     berth_tensor logits;      /* out: ne {vocab, n_logits} f32, host-allocated */
-    /* ABI 0.1: fields above. Append below only. */
+    /* ABI 0.1: fields above. Appended in ABI 0.3 (read them only when struct_size covers them: BERTH_HAS): */
+    const int32_t *h_state_slots; /* host copy of state_slots, [n_seqs]; NULL exactly when state_slots is absent */
+    /* ABI 0.3: fields above. Append below only. */
 } berth_batch;
 
 /* Named counters a plugin keeps (tokens prefilled, decode steps, ...), for tests and --stats. */

@@ -14,9 +14,8 @@
  * sequence has seen up to and including that row's token: a state that was not zeroed, was mixed with another
  * sequence's, was not copied on fork or not restored on a prefix hit shows in the logits.
  *
- * berth_batch carries no host copy of state_slots (ABI 0.2), so forward downloads the slot ids and syncs the
- * stream once per step: acceptable for a test model, not for a real one (those use ops that index the pool
- * themselves, like gated_delta).
+ * The slot ids come from the batch's host copy, h_state_slots (ABI 0.3); forward also downloads the device copy
+ * (a sync per step: fine for a test model) and fails unless the two agree, so the test checks the host's copy too.
  *
  * Counters: "tokens" (tokens run through forward), "forward_calls".
  */
@@ -276,6 +275,15 @@ static berth_status sm_forward(berth_model *m, berth_stream *s, const berth_batc
                                           (uint64_t)b->n_seqs * 4);
     if (!st) st = vt->stream_sync(be, s);
     if (st) return be_fail(m, st, "reading state_slots");
+    if (!BERTH_HAS(b, berth_batch, h_state_slots) || !b->h_state_slots)
+        return fail(m->host, BERTH_E_INVALID, SM_NAME ": the batch lacks h_state_slots (the host copy of state_slots)");
+    for (int32_t i = 0; i < b->n_seqs; i++)
+        if (b->h_state_slots[i] != m->h_slots[i]) {
+            char msg[160];
+            snprintf(msg, sizeof msg, SM_NAME ": h_state_slots[%d] = %d but the device copy holds %d", (int)i,
+                     (int)b->h_state_slots[i], (int)m->h_slots[i]);
+            return fail(m->host, BERTH_E_INVALID, msg);
+        }
     for (int32_t i = 0; i < b->n_seqs; i++)
         if (m->h_slots[i] < 0 || m->h_slots[i] >= n_slots) {
             char msg[160];
