@@ -30,6 +30,7 @@ static const char batch_usage[] =
     "  --temperature T, --top-k K, --top-p P, --min-p P, --repetition-penalty R, --presence-penalty P,\n"
     "  --frequency-penalty F, --seed S, --ignore-eos   as for one prompt\n"
     "  --json                 one JSON object per prompt, in input order, with cached_tokens\n"
+    "  --logprobs N           with --json: each token's logprob and the N (0..20) most likely tokens' logprobs\n"
     "  --stats                print the engine's counters ({\"stats\": {...}}) on stderr\n";
 
 struct batch_prompt {
@@ -37,16 +38,22 @@ struct batch_prompt {
     int32_t n;
     int32_t *out;
     int32_t n_out, cap_out;
+    /* with --logprobs N: per generated token its logprob, then N (id, logprob) pairs (fewer: the rest -1 / 0) */
+    float *lp;
+    int32_t *top_ids;
+    float *top_lp;
     int32_t cached;
     char finish[16];
     char message[256];
     berth_status status;
     int done;
+    int oom;            /* a token could not be kept (out of host memory) */
 };
 
 struct batch {
     struct batch_prompt *p;
     int32_t n;
+    int32_t n_top;      /* --logprobs N, or -1 without */
     int32_t n_done;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -154,12 +161,32 @@ static void on_event(void *arg, const berth_engine_event *ev)
     }
     struct batch_prompt *p = &b->p[k];
     if (ev->kind == BERTH_EVENT_TOKEN) {
+        const int32_t nt = b->n_top > 0 ? b->n_top : 1;
         if (p->n_out == p->cap_out) {
             int32_t cap = p->cap_out ? p->cap_out * 2 : 32;
             int32_t *o = realloc(p->out, (size_t)cap * sizeof *o);
-            if (o) p->out = o, p->cap_out = cap;
+            if (o) p->out = o;
+            float *l = o && b->n_top >= 0 ? realloc(p->lp, (size_t)cap * sizeof *l) : NULL;
+            if (l) p->lp = l;
+            int32_t *ti = l ? realloc(p->top_ids, (size_t)cap * (size_t)nt * sizeof *ti) : NULL;
+            if (ti) p->top_ids = ti;
+            float *tl = ti ? realloc(p->top_lp, (size_t)cap * (size_t)nt * sizeof *tl) : NULL;
+            if (tl) p->top_lp = tl;
+            if (o && (b->n_top < 0 || tl)) p->cap_out = cap; /* else the token is dropped: reported below */
         }
-        if (p->n_out < p->cap_out) p->out[p->n_out++] = ev->token;
+        if (p->n_out < p->cap_out) {
+            if (b->n_top >= 0) {
+                p->lp[p->n_out] = ev->has_logprob ? ev->logprob : NAN;
+                for (int32_t j = 0; j < nt; j++) {
+                    const int have = ev->has_logprob && j < ev->n_top;
+                    p->top_ids[(size_t)p->n_out * (size_t)nt + (size_t)j] = have ? ev->top_ids[j] : -1;
+                    p->top_lp[(size_t)p->n_out * (size_t)nt + (size_t)j] = have ? ev->top_logprobs[j] : 0.0f;
+                }
+            }
+            p->out[p->n_out++] = ev->token;
+        } else {
+            p->oom = 1;
+        }
     } else {
         p->done = 1;
         p->cached = ev->cached_tokens;
@@ -236,7 +263,8 @@ int cmd_generate_batch(int argc, char **argv)
                     !strcmp(name, "--max-new-tokens") || !strcmp(name, "--temperature") ||
                     !strcmp(name, "--top-k") || !strcmp(name, "--top-p") || !strcmp(name, "--seed") ||
                     !strcmp(name, "--min-p") || !strcmp(name, "--repetition-penalty") ||
-                    !strcmp(name, "--presence-penalty") || !strcmp(name, "--frequency-penalty");
+                    !strcmp(name, "--presence-penalty") || !strcmp(name, "--frequency-penalty") ||
+                    !strcmp(name, "--logprobs");
         if (takes) {
             if (eq)
                 v = eq + 1;
@@ -270,6 +298,11 @@ int cmd_generate_batch(int argc, char **argv)
         } else if (!strcmp(name, "--repetition-penalty")) {
             if (parse_num(v, 1e-30, 1e30, &x)) return bad_usage("--repetition-penalty '%s' is not a number > 0", v);
             rq.repetition_penalty = (float)x;
+        } else if (!strcmp(name, "--logprobs")) {
+            if (parse_num(v, 0, BERTH_MAX_TOP_LOGPROBS, &x) || x != floor(x))
+                return bad_usage("--logprobs '%s' is not a count in 0..20", v);
+            rq.logprobs = 1;
+            rq.top_logprobs = (int32_t)x;
         } else if (!strcmp(name, "--presence-penalty")) {
             if (parse_num(v, -1e30, 1e30, &x)) return bad_usage("--presence-penalty '%s' is not a number", v);
             rq.presence_penalty = (float)x;
@@ -297,9 +330,11 @@ int cmd_generate_batch(int argc, char **argv)
     }
     if (!config) return bad_usage("%s", "--config FILE is required");
     if (!file) return bad_usage("%s", "--prompts-file FILE is required");
+    if (rq.logprobs && !json) return bad_usage("%s", "--logprobs needs --json (the logprobs are JSON fields)");
 
     struct batch b;
     memset(&b, 0, sizeof b);
+    b.n_top = rq.logprobs ? rq.top_logprobs : -1;
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
     berth_engine *e = NULL;
@@ -338,6 +373,11 @@ int cmd_generate_batch(int argc, char **argv)
             rc = 1;
             break;
         }
+        if (p->oom) {
+            berth_fail(BERTH_E_NOMEM, "prompt %d: out of host memory keeping its tokens", (int)i + 1);
+            rc = 1;
+            break;
+        }
         if (json) {
             json_t *o = json_object(), *t = json_array();
             for (int32_t k = 0; k < p->n_out; k++) json_array_append_new(t, json_integer(p->out[k]));
@@ -345,8 +385,28 @@ int cmd_generate_batch(int argc, char **argv)
             json_object_set_new(o, "tokens", t);
             json_object_set_new(o, "prompt_tokens", json_integer(p->n));
             json_object_set_new(o, "cached_tokens", json_integer(p->cached));
+            if (b.n_top >= 0) { /* as the one-prompt path: {"token", "logprob", "top": [{"token", "logprob"}]} */
+                const int32_t nt = b.n_top > 0 ? b.n_top : 1;
+                json_t *lps = json_array();
+                for (int32_t k = 0; k < p->n_out; k++) {
+                    json_t *e1 = json_object(), *top = json_array();
+                    json_object_set_new(e1, "token", json_integer(p->out[k]));
+                    json_object_set_new(e1, "logprob", json_real(p->lp[k]));
+                    for (int32_t j = 0; j < b.n_top; j++) {
+                        const size_t at = (size_t)k * (size_t)nt + (size_t)j;
+                        if (p->top_ids[at] < 0) break;
+                        json_t *t1 = json_object();
+                        json_object_set_new(t1, "token", json_integer(p->top_ids[at]));
+                        json_object_set_new(t1, "logprob", json_real(p->top_lp[at]));
+                        json_array_append_new(top, t1);
+                    }
+                    json_object_set_new(e1, "top", top);
+                    json_array_append_new(lps, e1);
+                }
+                json_object_set_new(o, "logprobs", lps);
+            }
             json_object_set_new(o, "finish_reason", json_string(p->finish));
-            char *s = json_dumps(o, JSON_COMPACT);
+            char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
             if (s) printf("%s\n", s);
             free(s);
             json_decref(o);
@@ -362,6 +422,9 @@ out:
     for (int32_t i = 0; i < b.n; i++) {
         free(b.p[i].ids);
         free(b.p[i].out);
+        free(b.p[i].lp);
+        free(b.p[i].top_ids);
+        free(b.p[i].top_lp);
     }
     free(b.p);
     pthread_mutex_destroy(&b.mu);

@@ -153,6 +153,59 @@ START_TEST(test_generate_logprobs)
 }
 END_TEST
 
+/* --logprobs N on the --prompts-file path: per prompt the same logprobs (tokens, values to JSON's 6 digits, top
+ * lists) as the one-prompt path prints for that prompt alone; without --json it is refused. */
+START_TEST(test_prompts_file_logprobs)
+{
+    char path[] = "/tmp/berth-prompts-lp-XXXXXX";
+    int fd = mkstemp(path);
+    ck_assert_int_ge(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "%s\n%s\n", P[0], P[1]);
+    fclose(f);
+    const char *flags = "--max-new-tokens 4 --ignore-eos --json --logprobs 3 --repetition-penalty 1.3 "
+                        "--presence-penalty 0.5";
+    char cmd[4096], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s %s", berth_bin, config_path,
+             model_dir, path, flags);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    char *save = NULL, *line = strtok_r(out, "\n", &save);
+    for (int i = 0; i < 2; i++, line = strtok_r(NULL, "\n", &save)) {
+        ck_assert_ptr_nonnull(line);
+        char cmd1[4096], *out1, *err1;
+        snprintf(cmd1, sizeof cmd1, "%s generate --config %s --model %s --prompt-ids %s %s", berth_bin, config_path,
+                 model_dir, P[i], flags);
+        ck_assert_msg(run(cmd1, &out1, &err1) == 0, "%s", err1);
+        json_error_t je;
+        json_t *a = json_loads(line, 0, &je), *one = json_loads(out1, 0, &je);
+        ck_assert_msg(a && one, "bad JSON: %s / %s", line, out1);
+        json_t *lps = json_object_get(a, "logprobs");
+        ck_assert_int_eq(json_array_size(lps), 4);
+        ck_assert_int_eq(json_array_size(json_object_get(json_array_get(lps, 0), "top")), 3);
+        ck_assert(json_equal(json_object_get(a, "tokens"), json_object_get(one, "tokens")));
+        char *la = json_dumps(lps, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        char *lo = json_dumps(json_object_get(one, "logprobs"), JSON_COMPACT | JSON_REAL_PRECISION(6));
+        ck_assert_msg(la && lo && strcmp(la, lo) == 0, "prompt %d: %s\nvs one prompt: %s", i, la, lo);
+        free(la);
+        free(lo);
+        json_decref(a);
+        json_decref(one);
+        free(out1);
+        free(err1);
+    }
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate --config %s --model %s --prompts-file %s --logprobs 2", berth_bin,
+             config_path, model_dir, path);
+    ck_assert_int_eq(run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "berth generate: --logprobs needs --json (the logprobs are JSON fields)") != NULL, "%s",
+                  err);
+    free(out);
+    free(err);
+    unlink(path);
+}
+END_TEST
+
 /* A --prompts-file line that is not an id list is text, encoded with the checkpoint's tokenizer.json exactly as
  * --prompt encodes it; a checkpoint without a tokenizer makes such a line a clear error. */
 START_TEST(test_prompts_file_text)
@@ -325,6 +378,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_prompts_file_sampling_flags);
     tcase_add_test(tc, test_bench_json);
     tcase_add_test(tc, test_generate_logprobs);
+    tcase_add_test(tc, test_prompts_file_logprobs);
     suite_add_tcase(su, tc);
     SRunner *sr = srunner_create(su);
     srunner_run_all(sr, CK_NORMAL);
