@@ -37,7 +37,6 @@
 #include "cuda_mma.cuh"
 
 #include <inttypes.h>
-#include <stdlib.h>
 
 /* attention_prefill.cu: the tensor-core prefill kernel with GQA-packed rows (*ran false: the case is not
  * covered and nothing was enqueued; then the kernels below run). BERTH_CUDA_ATT_PREFILL=old keeps them. */
@@ -553,7 +552,7 @@ struct att_mma_cfg {
 template <int WD>
 __device__ __forceinline__ void att_group_bar(int rg)
 {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(rg + 1), "r"(WD * 32));
+    asm volatile("bar.sync %0, %1;\n" ::"r"(rg + 1), "r"(WD * 32) : "memory"); /* orders the shared exchanges */
 }
 
 /* First key >= k that some row of the tile sees (INT32_MAX: none). Lane L holds rows L and L + 32's ranges; every
@@ -1563,15 +1562,10 @@ static int att_dec_splits(const berth_backend *be, int64_t kv_bound, int32_t win
     const int64_t base = (int64_t)n_seqs * n_kv_heads;
     const int64_t wave = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (blocks_per_sm > 0 ? blocks_per_sm : 1);
     int64_t ns = base > 0 && base < wave ? wave / base : 1;
-    /* BERTH_CUDA_ATT_SPLIT_KEYS=N (a multiple of ATT_DEC_MIN_CHUNK): fewest keys per split for tuning runs (fewer,
-     * longer splits: less partial traffic and combine work, a longer key loop per block). Default 16. */
-    int64_t min_keys = ATT_DEC_MIN_CHUNK;
-    const char *env = getenv("BERTH_CUDA_ATT_SPLIT_KEYS");
-    if (env) {
-        const long v = strtol(env, NULL, 10);
-        if (v >= ATT_DEC_MIN_CHUNK && v <= 4096 && v % ATT_DEC_MIN_CHUNK == 0)
-            min_keys = v;
-    }
+    /* be->att_split_keys (BERTH_CUDA_ATT_SPLIT_KEYS, read at init; a multiple of ATT_DEC_MIN_CHUNK): the fewest
+     * keys per split, for tuning runs (fewer, longer splits: less partial traffic and combine work, a longer key
+     * loop per block). Default 16. */
+    const int64_t min_keys = be->att_split_keys >= ATT_DEC_MIN_CHUNK ? be->att_split_keys : ATT_DEC_MIN_CHUNK;
     const int64_t by_len = (kv + min_keys - 1) / min_keys;
     ns = ns < by_len ? ns : by_len;
     ns = ns < ATT_DEC_MAX_SPLITS ? ns : ATT_DEC_MAX_SPLITS;

@@ -306,6 +306,16 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->compute = compute;
     be->n_sms = prop.multiProcessorCount;
     be->smem_optin = prop.sharedMemPerBlockOptin;
+    be->att_split_keys = 16;
+    if (const char *sk = getenv("BERTH_CUDA_ATT_SPLIT_KEYS")) { /* a measurement switch (docs/config.md) */
+        char *end = NULL;
+        const long v = strtol(sk, &end, 10);
+        if (end != sk && *end == '\0' && v >= 16 && v <= 4096 && v % 16 == 0)
+            be->att_split_keys = (int)v;
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_SPLIT_KEYS='%s' ignored: a multiple of 16 in "
+                     "16..4096 is expected", sk);
+    }
     be->ck.weight_dtypes = CU_WEIGHT_DTYPES;
     be->ck.act_dtypes = CU_ACT_DTYPES;
     be->ck.kv_dtypes = CU_KV_DTYPES;

@@ -93,6 +93,8 @@ struct berth_backend {
     struct opck_backend ck;     /* what the shared checks need to know about this backend */
     int pdl;                    /* programmatic dependent launch for cu_launch (cuda_launch.cuh): 0 not decided
                                  * yet, CU_PDL_OFF or CU_PDL_ON (env BERTH_CUDA_PDL=0 turns it off) */
+    int att_split_keys;         /* decode attention: fewest keys per split (env BERTH_CUDA_ATT_SPLIT_KEYS, read at
+                                 * init; default 16) */
 };
 
 #define CU_PDL_OFF 1
