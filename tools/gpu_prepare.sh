@@ -4,6 +4,9 @@
 # carry = ["build-gpu", ".devcarry"] and the command `bash tools/gpu_run.sh tests` (or bench, or shell '...').
 #
 #   tools/gpu_prepare.sh            # BUILD_DIR (default build-gpu) configured --buildtype=release if absent
+#   tools/gpu_prepare.sh --slim     # the same, then move the object folders (*.p) out to BUILD_DIR.objs/: the
+#                                   # carry limit is 64 MiB with the tracked tree (~28 MB) included
+#   tools/gpu_prepare.sh --restore  # move them back (before the next ninja run, so nothing is rebuilt)
 #
 # .devcarry/lib: the shared libraries the GPU image has no package for (inih, pcre2, utf8proc, subunit; jansson
 # too, to be safe), copied from this machine (Debian 12: glibc 2.36 <= the GPU image's 2.39, so they load there).
@@ -13,6 +16,23 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 build=${BUILD_DIR:-build-gpu}
+objs=$build.objs
+move_objs() { # FROM TO: every *.p folder under FROM/plugins and FROM/tests to the same place under TO
+    for d in plugins tests; do
+        [ -d "$1/$d" ] || continue
+        mkdir -p "$2/$d"
+        for p in "$1/$d"/*.p; do
+            [ -e "$p" ] && mv "$p" "$2/$d/"
+        done
+    done
+    return 0
+}
+if [ "${1:-}" = --restore ]; then
+    [ -d "$objs" ] && move_objs "$objs" "$build" && rm -rf "$objs"
+    echo "gpu_prepare: object folders back in $build"
+    exit 0
+fi
+[ -d "$objs" ] && move_objs "$objs" "$build" && rm -rf "$objs" # a previous --slim: back before building
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 ninja -C "$build"
@@ -24,5 +44,9 @@ done
 commit=$(git rev-parse --short HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || commit="$commit+dirty"
 printf '%s' "$commit" > .devcarry/COMMIT
+if [ "${1:-}" = --slim ]; then
+    move_objs "$build" "$objs"
+    echo "gpu_prepare: object folders moved to $objs (tools/gpu_prepare.sh --restore brings them back)"
+fi
 du -sh "$build" .devcarry
 echo "gpu_prepare: $build and .devcarry ready (commit $commit)"
