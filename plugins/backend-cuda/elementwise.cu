@@ -400,11 +400,11 @@ berth_status cu_op_get_rows(berth_backend *be, berth_stream *s, const berth_get_
 // ---------------------------------------------------------------------------------------------------------------
 // unary: y = out_scale * f(in_scale * x). The activation is a template argument so each kernel is one formula.
 
-template <int ACT, int V, int U>
-__global__ void __launch_bounds__(EW_THREADS, EW_BLOCKS_PER_SM)
-ew_unary_kernel(const cu_rows x, const cu_rows y, const ew_geom g, float in_scale, float out_scale)
+/* y = f(x) element by element, x of dtype xdt and y of ydt (read and written as ew_ld / ew_st do): the walk of
+ * unary and copy, which differ only in f and the dtypes (unary passes f32 constants, folded in at inlining). */
+template <int V, int U, typename F>
+__device__ __forceinline__ void ew_map1(const cu_rows &x, int xdt, const cu_rows &y, int ydt, const ew_geom &g, F f)
 {
-    cu_pdl_trigger();
     const ew_walk w = ew_walk_of<V, U>(g);
     int64_t r = w.r0;
     const char *xr = nullptr;
@@ -424,7 +424,7 @@ ew_unary_kernel(const cu_rows x, const cu_rows y, const ew_geom g, float in_scal
             for (int k = 0; k < U; k++) {
                 const int64_t i = c + (int64_t)k * w.kstep;
                 if (EW_LIVE(w, k, i, g.n))
-                    ew_ld<V>(xr, BERTH_DTYPE_F32, i, g.n, v[k]);
+                    ew_ld<V>(xr, xdt, i, g.n, v[k]);
             }
 #pragma unroll
             for (int k = 0; k < U; k++) {
@@ -432,8 +432,8 @@ ew_unary_kernel(const cu_rows x, const cu_rows y, const ew_geom g, float in_scal
                 if (EW_LIVE(w, k, i, g.n)) {
 #pragma unroll
                     for (int j = 0; j < V; j++)
-                        v[k][j] = out_scale * cu_act(ACT, in_scale * v[k][j]);
-                    ew_st<V>(yr, BERTH_DTYPE_F32, i, g.n, v[k]);
+                        v[k][j] = f(v[k][j]);
+                    ew_st<V>(yr, ydt, i, g.n, v[k]);
                 }
             }
         }
@@ -441,6 +441,15 @@ ew_unary_kernel(const cu_rows x, const cu_rows y, const ew_geom g, float in_scal
         if (r < g.rows)
             at(r);
     }
+}
+
+template <int ACT, int V, int U>
+__global__ void __launch_bounds__(EW_THREADS, EW_BLOCKS_PER_SM)
+ew_unary_kernel(const cu_rows x, const cu_rows y, const ew_geom g, float in_scale, float out_scale)
+{
+    cu_pdl_trigger();
+    ew_map1<V, U>(x, BERTH_DTYPE_F32, y, BERTH_DTYPE_F32, g,
+                  [=](float v) { return out_scale * cu_act(ACT, in_scale * v); });
 }
 
 /* Calls launch.template operator()<ACT>() for the runtime act (validated by the shared checks). */
@@ -690,38 +699,7 @@ __global__ void __launch_bounds__(EW_THREADS, EW_BLOCKS_PER_SM)
 ew_copy_kernel(const cu_rows x, int xdt, const cu_rows y, int ydt, const ew_geom g)
 {
     cu_pdl_trigger();
-    const ew_walk w = ew_walk_of<V, U>(g);
-    int64_t r = w.r0;
-    const char *xr = nullptr;
-    char *yr = nullptr;
-    auto at = [&](int64_t row) {
-        const ew_idx ix = ew_split(row, g.ne1, g.ne2);
-        xr = ew_row(x, ix);
-        yr = ew_row(y, ix);
-    };
-    if (r < g.rows)
-        at(r);
-    cu_pdl_wait();
-    while (r < g.rows) {
-        for (int64_t c = w.c0; c < g.n; c += w.cstep) {
-            float v[U][V];
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t i = c + (int64_t)k * w.kstep;
-                if (EW_LIVE(w, k, i, g.n))
-                    ew_ld<V>(xr, xdt, i, g.n, v[k]);
-            }
-#pragma unroll
-            for (int k = 0; k < U; k++) {
-                const int64_t i = c + (int64_t)k * w.kstep;
-                if (EW_LIVE(w, k, i, g.n))
-                    ew_st<V>(yr, ydt, i, g.n, v[k]); /* exact for equal dtypes: widening is exact */
-            }
-        }
-        r += w.rstep;
-        if (r < g.rows)
-            at(r);
-    }
+    ew_map1<V, U>(x, xdt, y, ydt, g, [](float v) { return v; }); /* exact for equal dtypes: widening is exact */
 }
 
 bool cu_check_copy(const berth_backend *be, struct opck *c, const berth_copy_params *p)
