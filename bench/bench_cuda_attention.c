@@ -146,6 +146,25 @@ static berth_buffer *make_pool(int D, int n_blocks)
     return b;
 }
 
+/* The view of a make_pool() pool: one KV head of head dim D, K then V in each block, bf16. */
+static berth_kv_view pool_view(berth_buffer *pool, int D, int n_blocks)
+{
+    berth_kv_view kv;
+    memset(&kv, 0, sizeof kv);
+    kv.k_buf = kv.v_buf = pool;
+    kv.k_offset = 0;
+    kv.v_offset = (uint64_t)BLOCK * (uint64_t)D * 2u;
+    kv.block_stride = (uint64_t)BLOCK * 2u * (uint64_t)D * 2u;
+    kv.token_stride = kv.head_stride = (uint64_t)D * 2u;
+    kv.v_token_stride = kv.v_head_stride = (uint64_t)D * 2u;
+    kv.dtype = BERTH_DTYPE_BF16;
+    kv.block_size = BLOCK;
+    kv.n_blocks = n_blocks;
+    kv.n_kv_heads = 1;
+    kv.head_dim = kv.head_dim_v = D;
+    return kv;
+}
+
 static double run_eager(const berth_attention_params *p, int iters)
 {
     for (int i = 0; i < 3; i++)
@@ -225,18 +244,7 @@ static int bench_prefill(berth_buffer *pool, int n_blocks, const int32_t *perm, 
     p.seq_q_start = tensor(qsb, BERTH_DTYPE_I32, 4, 2, 1, 1);
     p.seq_kv_len = tensor(kvb, BERTH_DTYPE_I32, 4, 1, 1, 1);
     p.block_table = tensor(btb, BERTH_DTYPE_I32, 4, bt_w, 1, 1);
-    berth_kv_view *kv = &p.kv;
-    kv->k_buf = kv->v_buf = pool;
-    kv->k_offset = 0;
-    kv->v_offset = (uint64_t)BLOCK * (uint64_t)D * 2u;
-    kv->block_stride = (uint64_t)BLOCK * 2u * (uint64_t)D * 2u;
-    kv->token_stride = kv->head_stride = (uint64_t)D * 2u;
-    kv->v_token_stride = kv->v_head_stride = (uint64_t)D * 2u;
-    kv->dtype = BERTH_DTYPE_BF16;
-    kv->block_size = BLOCK;
-    kv->n_blocks = n_blocks;
-    kv->n_kv_heads = 1;
-    kv->head_dim = kv->head_dim_v = D;
+    p.kv = pool_view(pool, D, n_blocks);
 
     double pairs = 0.0;
     for (int t = 0; t < PF_T; t++)
@@ -397,18 +405,7 @@ int main(int argc, char **argv)
                 p.seq_q_start = tensor(qsb, BERTH_DTYPE_I32, 4, n + 1, 1, 1);
                 p.seq_kv_len = tensor(kvb, BERTH_DTYPE_I32, 4, n, 1, 1);
                 p.block_table = tensor(btb, BERTH_DTYPE_I32, 4, bt_w, n, 1);
-                berth_kv_view *kv = &p.kv;
-                kv->k_buf = kv->v_buf = pool;
-                kv->k_offset = 0;
-                kv->v_offset = (uint64_t)BLOCK * (uint64_t)D * 2u;
-                kv->block_stride = (uint64_t)BLOCK * 2u * (uint64_t)D * 2u;
-                kv->token_stride = kv->head_stride = (uint64_t)D * 2u;
-                kv->v_token_stride = kv->v_head_stride = (uint64_t)D * 2u;
-                kv->dtype = BERTH_DTYPE_BF16;
-                kv->block_size = BLOCK;
-                kv->n_blocks = n_blocks;
-                kv->n_kv_heads = 1;
-                kv->head_dim = kv->head_dim_v = D;
+                p.kv = pool_view(pool, D, n_blocks);
 
                 const int visible = window > 0 && window < ctx ? window : ctx;
                 const double bytes = (double)n * visible * (2.0 * D) * 2.0;
