@@ -187,8 +187,9 @@ static void matmul_case(int64_t K, int64_t N, int64_t M1, int64_t M2, berth_dtyp
     tt_free(&bias);
 }
 
-/* Every kernel ISA this CPU runs (the plugin's `isa` key pins one), so the portable kernels are tested too. */
-START_TEST(test_matmul)
+/* Runs cases() once per kernel ISA this CPU runs (the plugin's `isa` key pins one; the generic kernels must always
+ * be there), with be swapped for a backend pinned to it, so the portable kernels are tested too. */
+static void for_each_isa(void (*cases)(void))
 {
     static const char *const isas[] = {"generic", "avx2", "avx512"};
     berth_backend *const main_be = be;
@@ -200,21 +201,32 @@ START_TEST(test_matmul)
             continue; /* this CPU lacks the ISA */
         }
         be = b2;
-        for (int d = 0; d < 3; d++) {
-            matmul_case(67, 131, 1, 1, wdts[d], 0, 0, 0);  /* decode */
-            matmul_case(67, 131, 5, 1, wdts[d], 1, 1, 0);  /* small prefill, strided x and y, f32 bias */
-            matmul_case(67, 131, 2, 3, wdts[d], 0, 2, 1);  /* x 3-D flattened, bf16 bias, accumulate */
-            matmul_case(96, 9, 3, 1, wdts[d], 2, 0, 1);    /* K a multiple of every vector block, N < threads * tile */
-            matmul_case(1, 5, 7, 1, wdts[d], 0, 1, 0);     /* K = 1: all tail */
-        }
-        /* x blocks: more rows than one block (64) and K split in several blocks */
-        matmul_case(1700, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0);
-        matmul_case(1300, 13, 9, 1, BERTH_DTYPE_F16, 1, 0, 1);
-        matmul_case(2100, 7, 33, 1, BERTH_DTYPE_F32, 0, 0, 0);
+        cases();
         be = main_be;
         vt->destroy(b2);
     }
     g_isa[0] = '\0';
+}
+
+static void matmul_cases(void)
+{
+    for (int d = 0; d < 3; d++) {
+        matmul_case(67, 131, 1, 1, wdts[d], 0, 0, 0);  /* decode */
+        matmul_case(67, 131, 5, 1, wdts[d], 1, 1, 0);  /* small prefill, strided x and y, f32 bias */
+        matmul_case(67, 131, 2, 3, wdts[d], 0, 2, 1);  /* x 3-D flattened, bf16 bias, accumulate */
+        matmul_case(96, 9, 3, 1, wdts[d], 2, 0, 1);    /* K a multiple of every vector block, N < threads * tile */
+        matmul_case(1, 5, 7, 1, wdts[d], 0, 1, 0);     /* K = 1: all tail */
+    }
+    /* x blocks: more rows than one block (64) and K split in several blocks */
+    matmul_case(1700, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0);
+    matmul_case(1300, 13, 9, 1, BERTH_DTYPE_F16, 1, 0, 1);
+    matmul_case(2100, 7, 33, 1, BERTH_DTYPE_F32, 0, 0, 0);
+}
+
+/* Every kernel ISA this CPU runs. */
+START_TEST(test_matmul)
+{
+    for_each_isa(matmul_cases);
 }
 END_TEST
 
@@ -438,32 +450,25 @@ static void matmul_glu_case(int32_t glu, int act, int64_t K, int64_t N, int64_t 
     tt_free(&y2);
 }
 
+static void matmul_glu_cases(void)
+{
+    for (int d = 0; d < 3; d++) {
+        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0); /* decode */
+        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_SILU, 67, 37, 5, 1, wdts[d], 1, 1, 0, 1);
+        matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0);
+        matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_ERF, 96, 9, 2, 3, wdts[d], 1, 1, 0, 1);
+        matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 45, 23, 7, 1, wdts[d], 0, 0, 1, 0); /* y is up */
+    }
+    matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 1300, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0, 1);
+    matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 1700, 13, 67, 1, BERTH_DTYPE_F16, 0, 0, 1, 1);
+    matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_IDENTITY, 1, 5, 9, 1, BERTH_DTYPE_F32, 1, 1, 0, 0); /* K = 1 */
+}
+
 /* Every kernel ISA this CPU runs, 3 threads (uneven column slices), odd sizes, M across the 64-row blocks and K
  * across several K blocks. */
 START_TEST(test_matmul_glu_epilogue)
 {
-    static const char *const isas[] = {"generic", "avx2", "avx512"};
-    berth_backend *const main_be = be;
-    for (int i = 0; i < 3; i++) {
-        snprintf(g_isa, sizeof g_isa, "%s", isas[i]);
-        berth_backend *b2;
-        if (vt->init(&g_host, 0, &b2) != BERTH_OK)
-            continue; /* this CPU lacks the ISA */
-        be = b2;
-        for (int d = 0; d < 3; d++) {
-            matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0); /* decode */
-            matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_SILU, 67, 37, 5, 1, wdts[d], 1, 1, 0, 1);
-            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 67, 131, 1, 1, wdts[d], 0, 0, 0, 0);
-            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_ERF, 96, 9, 2, 3, wdts[d], 1, 1, 0, 1);
-            matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 45, 23, 7, 1, wdts[d], 0, 0, 1, 0); /* y is up */
-        }
-        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 1300, 21, 70, 1, BERTH_DTYPE_BF16, 0, 1, 0, 1);
-        matmul_glu_case(BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 1700, 13, 67, 1, BERTH_DTYPE_F16, 0, 0, 1, 1);
-        matmul_glu_case(BERTH_GLU_HALVES, BERTH_ACT_IDENTITY, 1, 5, 9, 1, BERTH_DTYPE_F32, 1, 1, 0, 0); /* K = 1 */
-        be = main_be;
-        vt->destroy(b2);
-    }
-    g_isa[0] = '\0';
+    for_each_isa(matmul_glu_cases);
 }
 END_TEST
 
