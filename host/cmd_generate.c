@@ -302,25 +302,8 @@ static int print_result(const struct gen_args *a, const struct runner_generation
     json_object_set_new(o, "prompt_tokens", json_integer(a->n_prompt));
     json_object_set_new(o, "tokens", toks);
     if (gen_text) json_object_set_new(o, "text", json_stringn(gen_text, gen_len));
-    if (g->logprobs) {
-        /* Per token: {"token", "logprob", "top": [{"token", "logprob"}, ...]} (temperature-free, penalised). */
-        json_t *lps = json_array();
-        for (int32_t i = 0; i < g->n_tokens; i++) {
-            const struct runner_sample_out *lp = &g->logprobs[i];
-            json_t *e = json_object(), *top = json_array();
-            json_object_set_new(e, "token", json_integer(g->tokens[i]));
-            json_object_set_new(e, "logprob", json_real(lp->logprob));
-            for (int32_t k = 0; k < lp->n_top; k++) {
-                json_t *t = json_object();
-                json_object_set_new(t, "token", json_integer(lp->top_ids[k]));
-                json_object_set_new(t, "logprob", json_real(lp->top_logprobs[k]));
-                json_array_append_new(top, t);
-            }
-            json_object_set_new(e, "top", top);
-            json_array_append_new(lps, e);
-        }
-        json_object_set_new(o, "logprobs", lps);
-    }
+    if (g->logprobs)
+        json_object_set_new(o, "logprobs", generate_logprobs_json(g->tokens, g->logprobs, g->n_tokens));
     json_object_set_new(o, "finish_reason", json_string(g->finish_reason));
     json_object_set_new(o, "stats", stats_json(r, sel));
     char *text = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
@@ -374,6 +357,25 @@ static int fail(struct gen_state *s)
     host_log(BERTH_LOG_ERROR, "%s", berth_last_error()[0] ? berth_last_error() : "failed");
     gen_release(s);
     return 1;
+}
+
+json_t *generate_logprobs_json(const int32_t *tokens, const struct runner_sample_out *lp, int32_t n)
+{
+    json_t *lps = json_array();
+    for (int32_t i = 0; i < n; i++) {
+        json_t *e = json_object(), *top = json_array();
+        json_object_set_new(e, "token", json_integer(tokens[i]));
+        json_object_set_new(e, "logprob", json_real(lp[i].logprob));
+        for (int32_t k = 0; k < lp[i].n_top; k++) {
+            json_t *t = json_object();
+            json_object_set_new(t, "token", json_integer(lp[i].top_ids[k]));
+            json_object_set_new(t, "logprob", json_real(lp[i].top_logprobs[k]));
+            json_array_append_new(top, t);
+        }
+        json_object_set_new(e, "top", top);
+        json_array_append_new(lps, e);
+    }
+    return lps;
 }
 
 int cmd_generate(int argc, char **argv)

@@ -21,6 +21,10 @@
 #include "errors.h"
 #include "host_services.h"
 #include "prompt_text.h"
+#include "runner.h"
+
+/* Engine events carry at most BERTH_MAX_TOP_LOGPROBS top entries; they are kept in runner_sample_out. */
+_Static_assert(BERTH_MAX_TOP_LOGPROBS <= RUNNER_MAX_TOP_LOGPROBS, "top logprobs of an event must fit");
 
 static const char batch_usage[] =
     "usage: berth generate --config FILE [--model DIR] --prompts-file FILE [OPTIONS]\n"
@@ -38,10 +42,7 @@ struct batch_prompt {
     int32_t n;
     int32_t *out;
     int32_t n_out, cap_out;
-    /* with --logprobs N: per generated token its logprob, then N (id, logprob) pairs (fewer: the rest -1 / 0) */
-    float *lp;
-    int32_t *top_ids;
-    float *top_lp;
+    struct runner_sample_out *lp; /* with --logprobs: one per generated token */
     int32_t cached;
     char finish[16];
     char message[256];
@@ -53,7 +54,7 @@ struct batch_prompt {
 struct batch {
     struct batch_prompt *p;
     int32_t n;
-    int32_t n_top;      /* --logprobs N, or -1 without */
+    int logprobs;       /* --logprobs given */
     int32_t n_done;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -161,26 +162,22 @@ static void on_event(void *arg, const berth_engine_event *ev)
     }
     struct batch_prompt *p = &b->p[k];
     if (ev->kind == BERTH_EVENT_TOKEN) {
-        const int32_t nt = b->n_top > 0 ? b->n_top : 1;
         if (p->n_out == p->cap_out) {
             int32_t cap = p->cap_out ? p->cap_out * 2 : 32;
             int32_t *o = realloc(p->out, (size_t)cap * sizeof *o);
             if (o) p->out = o;
-            float *l = o && b->n_top >= 0 ? realloc(p->lp, (size_t)cap * sizeof *l) : NULL;
+            struct runner_sample_out *l = o && b->logprobs ? realloc(p->lp, (size_t)cap * sizeof *l) : NULL;
             if (l) p->lp = l;
-            int32_t *ti = l ? realloc(p->top_ids, (size_t)cap * (size_t)nt * sizeof *ti) : NULL;
-            if (ti) p->top_ids = ti;
-            float *tl = ti ? realloc(p->top_lp, (size_t)cap * (size_t)nt * sizeof *tl) : NULL;
-            if (tl) p->top_lp = tl;
-            if (o && (b->n_top < 0 || tl)) p->cap_out = cap; /* else the token is dropped: reported below */
+            if (o && (!b->logprobs || l)) p->cap_out = cap; /* else the token is dropped: reported below */
         }
         if (p->n_out < p->cap_out) {
-            if (b->n_top >= 0) {
-                p->lp[p->n_out] = ev->has_logprob ? ev->logprob : NAN;
-                for (int32_t j = 0; j < nt; j++) {
-                    const int have = ev->has_logprob && j < ev->n_top;
-                    p->top_ids[(size_t)p->n_out * (size_t)nt + (size_t)j] = have ? ev->top_ids[j] : -1;
-                    p->top_lp[(size_t)p->n_out * (size_t)nt + (size_t)j] = have ? ev->top_logprobs[j] : 0.0f;
+            if (b->logprobs) {
+                struct runner_sample_out *l = &p->lp[p->n_out];
+                l->logprob = ev->has_logprob ? ev->logprob : NAN;
+                l->n_top = ev->has_logprob ? ev->n_top : 0;
+                for (int32_t j = 0; j < l->n_top; j++) {
+                    l->top_ids[j] = ev->top_ids[j];
+                    l->top_logprobs[j] = ev->top_logprobs[j];
                 }
             }
             p->out[p->n_out++] = ev->token;
@@ -334,7 +331,7 @@ int cmd_generate_batch(int argc, char **argv)
 
     struct batch b;
     memset(&b, 0, sizeof b);
-    b.n_top = rq.logprobs ? rq.top_logprobs : -1;
+    b.logprobs = rq.logprobs != 0;
     pthread_mutex_init(&b.mu, NULL);
     pthread_cond_init(&b.cv, NULL);
     berth_engine *e = NULL;
@@ -385,26 +382,8 @@ int cmd_generate_batch(int argc, char **argv)
             json_object_set_new(o, "tokens", t);
             json_object_set_new(o, "prompt_tokens", json_integer(p->n));
             json_object_set_new(o, "cached_tokens", json_integer(p->cached));
-            if (b.n_top >= 0) { /* as the one-prompt path: {"token", "logprob", "top": [{"token", "logprob"}]} */
-                const int32_t nt = b.n_top > 0 ? b.n_top : 1;
-                json_t *lps = json_array();
-                for (int32_t k = 0; k < p->n_out; k++) {
-                    json_t *e1 = json_object(), *top = json_array();
-                    json_object_set_new(e1, "token", json_integer(p->out[k]));
-                    json_object_set_new(e1, "logprob", json_real(p->lp[k]));
-                    for (int32_t j = 0; j < b.n_top; j++) {
-                        const size_t at = (size_t)k * (size_t)nt + (size_t)j;
-                        if (p->top_ids[at] < 0) break;
-                        json_t *t1 = json_object();
-                        json_object_set_new(t1, "token", json_integer(p->top_ids[at]));
-                        json_object_set_new(t1, "logprob", json_real(p->top_lp[at]));
-                        json_array_append_new(top, t1);
-                    }
-                    json_object_set_new(e1, "top", top);
-                    json_array_append_new(lps, e1);
-                }
-                json_object_set_new(o, "logprobs", lps);
-            }
+            if (b.logprobs)
+                json_object_set_new(o, "logprobs", generate_logprobs_json(p->out, p->lp, p->n_out));
             json_object_set_new(o, "finish_reason", json_string(p->finish));
             char *s = json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6));
             if (s) printf("%s\n", s);
@@ -423,8 +402,6 @@ out:
         free(b.p[i].ids);
         free(b.p[i].out);
         free(b.p[i].lp);
-        free(b.p[i].top_ids);
-        free(b.p[i].top_lp);
     }
     free(b.p);
     pthread_mutex_destroy(&b.mu);
