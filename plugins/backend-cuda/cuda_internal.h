@@ -147,22 +147,35 @@ static inline cu_rows cu_rows_of(const berth_tensor *t)
     r.nb3 = t->nb[3];
     return r;
 }
+/* Row i of a row shape (ne1, ne2) as its indices (i1, i2, i3), ne1 fastest. The common cases go without 64-bit
+ * division (a few hundred instructions each on the GPU, per thread and row): a 2-D view (every row index is
+ * below ne1), then indices that fit 32 bits. */
+struct cu_row_idx {
+    int64_t i1, i2, i3;
+};
+static __host__ __device__ __forceinline__ cu_row_idx cu_split_row(int64_t i, int64_t ne1, int64_t ne2)
+{
+    cu_row_idx x;
+    if (i < ne1) {
+        x.i1 = i;
+        x.i2 = x.i3 = 0;
+    } else if (((uint64_t)i | (uint64_t)ne1 | (uint64_t)ne2) <= 0x7fffffffu) {
+        const uint32_t u = (uint32_t)i, n1 = (uint32_t)ne1, n2 = (uint32_t)ne2;
+        const uint32_t q1 = u / n1, q2 = q1 / n2;
+        x.i1 = u - q1 * n1;
+        x.i2 = q1 - q2 * n2;
+        x.i3 = q2;
+    } else {
+        x.i1 = i % ne1;
+        x.i2 = i / ne1 % ne2;
+        x.i3 = i / ne1 / ne2;
+    }
+    return x;
+}
 static __host__ __device__ __forceinline__ int64_t cu_row_off(const cu_rows &r, int64_t i)
 {
-    /* The common cases without 64-bit division (a few hundred instructions each on the GPU, per thread and row):
-     * a 2-D view (every row index is below ne1), then indices that fit 32 bits. */
-    if (i < r.ne1)
-        return i * r.nb1;
-    if (((uint64_t)i | (uint64_t)r.ne1 | (uint64_t)r.ne2) <= 0x7fffffffu) {
-        const uint32_t u = (uint32_t)i, n1 = (uint32_t)r.ne1, n2 = (uint32_t)r.ne2;
-        const uint32_t q1 = u / n1, q2 = q1 / n2;
-        return (int64_t)(u - q1 * n1) * r.nb1 + (int64_t)(q1 - q2 * n2) * r.nb2 + (int64_t)q2 * r.nb3;
-    }
-    const int64_t i1 = i % r.ne1;
-    i /= r.ne1;
-    const int64_t i2 = i % r.ne2;
-    const int64_t i3 = i / r.ne2;
-    return i1 * r.nb1 + i2 * r.nb2 + i3 * r.nb3;
+    const cu_row_idx x = cu_split_row(i, r.ne1, r.ne2);
+    return x.i1 * r.nb1 + x.i2 * r.nb2 + x.i3 * r.nb3;
 }
 static __host__ __device__ __forceinline__ char *cu_row(const cu_rows &r, int64_t i)
 {

@@ -148,32 +148,8 @@ static cu_rows ew_one_row(const berth_tensor *t)
 // ---------------------------------------------------------------------------------------------------------------
 // Device helpers
 
-struct ew_idx {
-    int64_t i1, i2, i3;
-};
-
-/* Row r -> (i1, i2, i3), as cu_row_off: no 64-bit division for 2-D views and 32-bit indices. */
-__device__ __forceinline__ ew_idx ew_split(int64_t r, int64_t ne1, int64_t ne2)
-{
-    ew_idx x;
-    if (r < ne1) {
-        x.i1 = r;
-        x.i2 = x.i3 = 0;
-    } else if (((uint64_t)r | (uint64_t)ne1 | (uint64_t)ne2) <= 0x7fffffffu) {
-        const uint32_t v = (uint32_t)r, n1 = (uint32_t)ne1, n2 = (uint32_t)ne2;
-        const uint32_t q1 = v / n1, q2 = q1 / n2;
-        x.i1 = v - q1 * n1;
-        x.i2 = q1 - q2 * n2;
-        x.i3 = q2;
-    } else {
-        x.i1 = r % ne1;
-        x.i2 = r / ne1 % ne2;
-        x.i3 = r / ne1 / ne2;
-    }
-    return x;
-}
-
-__device__ __forceinline__ char *ew_row(const cu_rows &t, const ew_idx &x)
+/* Row x of t (indices from cu_split_row, shared by the operands of one row). */
+__device__ __forceinline__ char *ew_row(const cu_rows &t, const cu_row_idx &x)
 {
     return t.base + x.i1 * t.nb1 + x.i2 * t.nb2 + x.i3 * t.nb3;
 }
@@ -296,7 +272,7 @@ ew_get_rows_kernel(const char *table, int64_t tnb1, int64_t N, const int32_t *id
     cu_pdl_trigger();
     const ew_walk w = ew_walk_of<V, U>(g);
     int64_t t = w.r0;
-    char *yr = t < g.rows ? ew_row(y, ew_split(t, g.ne1, g.ne2)) : nullptr;
+    char *yr = t < g.rows ? ew_row(y, cu_split_row(t, g.ne1, g.ne2)) : nullptr;
     cu_pdl_wait();
     while (t < g.rows) {
         const int32_t id = ids[t];
@@ -329,7 +305,7 @@ ew_get_rows_kernel(const char *table, int64_t tnb1, int64_t N, const int32_t *id
         }
         t += w.rstep;
         if (t < g.rows)
-            yr = ew_row(y, ew_split(t, g.ne1, g.ne2));
+            yr = ew_row(y, cu_split_row(t, g.ne1, g.ne2));
     }
 }
 
@@ -410,7 +386,7 @@ __device__ __forceinline__ void ew_map1(const cu_rows &x, int xdt, const cu_rows
     const char *xr = nullptr;
     char *yr = nullptr;
     auto at = [&](int64_t row) {
-        const ew_idx ix = ew_split(row, g.ne1, g.ne2);
+        const cu_row_idx ix = cu_split_row(row, g.ne1, g.ne2);
         xr = ew_row(x, ix);
         yr = ew_row(y, ix);
     };
@@ -511,7 +487,7 @@ ew_glu_kernel(const cu_rows gate, const cu_rows up, const cu_rows y, const ew_ge
     const char *gr = nullptr, *ur = nullptr;
     char *yr = nullptr;
     auto at = [&](int64_t row) {
-        const ew_idx ix = ew_split(row, g.ne1, g.ne2);
+        const cu_row_idx ix = cu_split_row(row, g.ne1, g.ne2);
         gr = ew_row(gate, ix);
         ur = ew_row(up, ix);
         yr = ew_row(y, ix);
@@ -594,7 +570,7 @@ ew_binary_kernel(const cu_rows a, const ew_bcast b, const cu_rows y, const ew_ge
     const char *ar = nullptr, *br = nullptr;
     char *yr = nullptr;
     auto at = [&](int64_t row) {
-        const ew_idx ix = ew_split(row, g.ne1, g.ne2);
+        const cu_row_idx ix = cu_split_row(row, g.ne1, g.ne2);
         ar = ew_row(a, ix);
         br = b.base + ix.i1 * b.nb1 + ix.i2 * b.nb2 + ix.i3 * b.nb3;
         yr = ew_row(y, ix);
