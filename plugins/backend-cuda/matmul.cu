@@ -222,7 +222,7 @@ static __device__ __forceinline__ void mm_fma_chunk(float (&acc)[MB][R], const m
 
 /* Final value of output (m, n0 + j): the product v (and vu, the up row's, with HALVES), + bias, then the gated
  * epilogue, + old y when accumulating (never with an epilogue). */
-template <int MB>
+template <int MB, int GLU>
 static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int64_t n0, int m, int j, float v,
                                                      float vu)
 {
@@ -239,12 +239,12 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
         }
     if (a.bias) {
         v += cu_ld(a.bias, a.bias_dt, n);
-        if (a.glu == BERTH_GLU_HALVES)
+        if (GLU == BERTH_GLU_HALVES)
             vu += cu_ld(a.bias, a.bias_dt, a.N + n);
     }
-    if (a.glu == BERTH_GLU_HALVES)
+    if constexpr (GLU == BERTH_GLU_HALVES)
         v = cu_act(a.glu_act, v) * vu;
-    else if (a.glu == BERTH_GLU_MUL)
+    else if constexpr (GLU == BERTH_GLU_MUL)
         v = cu_act(a.glu_act, v) * ur[n];
     if (a.accumulate)
         v += yr[n];
@@ -254,7 +254,7 @@ static __device__ __forceinline__ void mm_gemv_store(const mm_gemv_args &a, int6
 /* Lane t of a team of at most one warp stores output t = m * RO + j (RO outputs per team; the up row's sum sits at j + RO
  * when RO < R). RO is a template argument so that every index below is static: with a runtime RO the compiler
  * kept acc in local memory. */
-template <int MB, int R, int RO>
+template <int MB, int R, int RO, int GLU>
 static __device__ __forceinline__ void mm_lane_store(const mm_gemv_args &a, int64_t n0, int t,
                                                      const float (&acc)[MB][R])
 {
@@ -268,7 +268,7 @@ static __device__ __forceinline__ void mm_lane_store(const mm_gemv_args &a, int6
                 if (RO < R)
                     vu = acc[m][j + (RO < R ? RO : 0)];
             }
-    mm_gemv_store<MB>(a, n0, t / RO, t % RO, v, vu);
+    mm_gemv_store<MB, GLU>(a, n0, t / RO, t % RO, v, vu);
 }
 
 /* One step's chunks of this thread: chunk c of each row into c0, chunk c + tpr into c1 (PAIR only), each only
@@ -287,7 +287,7 @@ static __device__ __forceinline__ void mm_step_loads(mm_chunk<WDT, VEC> (&c0)[R]
             c1[r].load(wr[r], c + tpr);
 }
 
-template <int WDT, int MB, int R, bool VEC>
+template <int WDT, int MB, int R, bool VEC, int GLU>
 __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(const mm_gemv_args a)
 {
     __shared__ float red[MM_THREADS / 32][MB * R];
@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(
     const int tpr = 1 << a.tpr_log2;
     const int team = (int)threadIdx.x >> a.tpr_log2;
     const int t = (int)threadIdx.x & (tpr - 1);
-    const int RO = a.glu == BERTH_GLU_HALVES ? R / 2 : R; /* outputs per team */
+    constexpr int RO = GLU == BERTH_GLU_HALVES ? R / 2 : R; /* outputs per team */
     const int64_t n0 = ((int64_t)blockIdx.x * (MM_THREADS >> a.tpr_log2) + team) * RO;
     const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
 
@@ -376,13 +376,10 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(
                 if (RO < R)
                     vu += red[w0 + q][m * R + j + RO];
             }
-            mm_gemv_store<MB>(a, n0, m, j, v, vu);
+            mm_gemv_store<MB, GLU>(a, n0, m, j, v, vu);
         }
     } else if (active && t < MB * RO) { /* every lane holds every sum: lane t stores output t */
-        if (RO < R)
-            mm_lane_store<MB, R, R / 2>(a, n0, t, acc);
-        else
-            mm_lane_store<MB, R, R>(a, n0, t, acc);
+        mm_lane_store<MB, R, RO, GLU>(a, n0, t, acc);
     }
 }
 
@@ -392,8 +389,19 @@ static cudaError_t mm_gemv_launch_mb(berth_backend *be, bool vec, unsigned block
 {
     constexpr int R = MB <= 2 ? 2 : 4; /* more rows per team for larger M: each x load feeds R rows */
     const dim3 g(blocks), b(MM_THREADS);
-    return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true>, a)
-               : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false>, a);
+    /* the gated epilogue is a template argument: the plain kernel carries no activation code (a runtime switch
+     * over cu_act's formulas in every instance made the M = 8 kernel ~40% slower) */
+    switch (a.glu) {
+    case BERTH_GLU_HALVES:
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_HALVES>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_HALVES>, a);
+    case BERTH_GLU_MUL:
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_MUL>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_MUL>, a);
+    default:
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_NONE>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_NONE>, a);
+    }
 }
 
 template <int WDT>
