@@ -337,9 +337,10 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
 
 /* The same op with a warp per row (8 rows per block, the rows staged in the warp's slice of shared memory): at
  * prefill sizes (16k rows of 256) the block-per-row kernel above runs ~2.5x longer than this one (ncu, H200),
- * at decode sizes (8-64 rows) this one is the slower (serial lanes). nm_rms_rope_launch picks by row count. */
+ * at decode sizes (8-64 rows) this one is the slower (serial lanes). The launch picks by tokens (rows / heads),
+ * not rows, so that a decode step of many sequences keeps the block kernel. */
 #define NM_ROPE_WARPS 8
-#define NM_ROPE_WARP_MIN_ROWS 512
+#define NM_ROPE_WARP_MIN_TOKENS 128 /* prefill chunks; decode steps (one token per sequence) stay below */
 __global__ void __launch_bounds__(32 * NM_ROPE_WARPS) nm_rms_rope_warp_kernel(const nm_rms_args a)
 {
     extern __shared__ float nm_rope_wsmem[];
@@ -461,7 +462,7 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         a.rmode_rope = p->rope_mode;
         a.roff = p->rope_pair_offset;
         cudaError_t e;
-        if (rows >= NM_ROPE_WARP_MIN_ROWS) {
+        if (rows / (a.heads > 0 ? a.heads : 1) >= NM_ROPE_WARP_MIN_TOKENS) {
             const int64_t g = (rows + NM_ROPE_WARPS - 1) / NM_ROPE_WARPS;
             e = cu_launch(be, s->cs, dim3((unsigned)(g > (1 << 20) ? (1 << 20) : g)), dim3(32 * NM_ROPE_WARPS),
                           (size_t)(NM_ROPE_WARPS * n) * sizeof(float), nm_rms_rope_warp_kernel, a);
