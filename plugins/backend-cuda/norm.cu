@@ -335,6 +335,60 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
     }
 }
 
+/* The same op with a warp per row (8 rows per block, the rows staged in the warp's slice of shared memory): at
+ * prefill sizes (16k rows of 256) the block-per-row kernel above runs ~2.5x longer than this one (ncu, H200),
+ * at decode sizes (8-64 rows) this one is the slower (serial lanes). The launch picks by tokens (rows / heads),
+ * not rows, so that a decode step of many sequences keeps the block kernel. */
+#define NM_ROPE_WARPS 8
+#define NM_ROPE_WARP_MIN_TOKENS 128 /* prefill chunks; decode steps (one token per sequence) stay below */
+__global__ void __launch_bounds__(32 * NM_ROPE_WARPS) nm_rms_rope_warp_kernel(const nm_rms_args a)
+{
+    extern __shared__ float nm_rope_wsmem[];
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+    float *buf = nm_rope_wsmem + (int64_t)warp * a.n;
+    const bool half = a.rmode_rope == BERTH_ROPE_HALF;
+    for (int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + warp; row < a.rows;
+         row += (int64_t)gridDim.x * (blockDim.x >> 5)) {
+        const float *x = nm_row(a.x, row);
+        float *y = nm_row(a.y, row);
+        float ss = 0.0f;
+        for (int64_t i = lane; i < a.n; i += 32) {
+            const float v = x[i];
+            buf[i] = v;
+            ss = fmaf(v, v, ss);
+        }
+        ss = cu_warp_sum(ss);
+        const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
+        for (int64_t i = lane; i < a.n; i += 32) { /* own elements only: no barrier needed before */
+            float v = buf[i] * inv;
+            if (a.wmode == BERTH_NORM_W)
+                v *= cu_ld(a.w, a.wdt, i);
+            else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
+                v *= 1.0f + cu_ld(a.w, a.wdt, i);
+            buf[i] = v;
+        }
+        __syncwarp();
+        const float p = (float)a.pos[row / a.heads];
+        for (int64_t j = lane; j < a.np; j += 32) { /* pair j: one sincosf, both elements */
+            const int64_t i0 = half ? j : 2 * j, i1 = half ? j + a.roff : 2 * j + 1;
+            float sn, cs;
+            sincosf(p * a.freqs[j], &sn, &cs);
+            const float x0 = buf[i0], x1 = buf[i1];
+            const float o0 = x0 * cs - x1 * sn, o1 = x1 * cs + x0 * sn;
+            y[i0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
+            y[i1] = a.oscale != 1.0f ? o1 * a.oscale : o1;
+        }
+        for (int64_t i = lane; i < a.n; i += 32) { /* the elements outside every pair */
+            const bool rot = half ? i < a.np || (i >= a.roff && i < a.roff + a.np) : i < 2 * (int64_t)a.np;
+            if (!rot)
+                y[i] = a.oscale != 1.0f ? buf[i] * a.oscale : buf[i];
+        }
+        __syncwarp(); /* buf is rewritten by the next row */
+    }
+}
+
 /* Every row of t (ne[1..3]) starts 16-byte aligned. */
 static bool nm_rows_aligned16(const berth_tensor *t)
 {
@@ -407,9 +461,16 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         a.heads = p->x.ne[1];
         a.rmode_rope = p->rope_mode;
         a.roff = p->rope_pair_offset;
-        const int64_t threads = (n + 31) / 32 * 32; /* n <= NM_ROPE_MAX (cu_check_rms_norm) */
-        const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)(rows > (1 << 20) ? (1 << 20) : rows)),
-                                        dim3((unsigned)threads), (size_t)n * sizeof(float), nm_rms_rope_kernel, a);
+        cudaError_t e;
+        if (rows / (a.heads > 0 ? a.heads : 1) >= NM_ROPE_WARP_MIN_TOKENS) {
+            const int64_t g = (rows + NM_ROPE_WARPS - 1) / NM_ROPE_WARPS;
+            e = cu_launch(be, s->cs, dim3((unsigned)(g > (1 << 20) ? (1 << 20) : g)), dim3(32 * NM_ROPE_WARPS),
+                          (size_t)(NM_ROPE_WARPS * n) * sizeof(float), nm_rms_rope_warp_kernel, a);
+        } else {
+            const int64_t threads = (n + 31) / 32 * 32; /* n <= NM_ROPE_MAX (cu_check_rms_norm) */
+            e = cu_launch(be, s->cs, dim3((unsigned)rows), dim3((unsigned)threads), (size_t)n * sizeof(float),
+                          nm_rms_rope_kernel, a);
+        }
         return cu_check(be, e, "rms_norm (RoPE) kernel");
     }
 

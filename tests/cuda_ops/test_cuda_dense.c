@@ -879,6 +879,8 @@ START_TEST(test_rms_norm_rope)
     rms_rope_case(BERTH_ROPE_INTERLEAVED, 96, 2, 6, 0, 17, BERTH_NORM_W, false, true);
     rms_rope_case(BERTH_ROPE_INTERLEAVED, 64, 2, 3, 0, 32, BERTH_NORM_W_NONE, true, false);
     rms_rope_case(BERTH_ROPE_HALF, 1000, 3, 20, 500, 250, BERTH_NORM_W, false, false); /* 60 rows, 8 per block */
+    rms_rope_case(BERTH_ROPE_HALF, 256, 8, 130, 128, 128, BERTH_NORM_W, true, true); /* 130 tokens: a warp per row */
+    rms_rope_case(BERTH_ROPE_INTERLEAVED, 96, 6, 200, 0, 17, BERTH_NORM_W_ONE_PLUS, false, false);
 }
 END_TEST
 
