@@ -87,6 +87,17 @@ static inline int32_t opck_rms_rope_pairs(const berth_rms_norm_params *p)
 {
     return BERTH_HAS(p, berth_rms_norm_params, rope_freqs) ? p->rope_n_pairs : 0;
 }
+/* rms_norm's second output is present (an older caller: never); `query`: a supports() query, where presence is
+ * ne[0] != 0 (backend.h, optional tensors), else buf != NULL. */
+static inline bool opck_rms_has_y2_in(const berth_rms_norm_params *p, bool query)
+{
+    return BERTH_HAS(p, berth_rms_norm_params, y2) && (query ? p->y2.ne[0] != 0 : p->y2.buf != NULL);
+}
+/* The same in execution (the backends' op code). */
+static inline bool opck_rms_has_y2(const berth_rms_norm_params *p)
+{
+    return opck_rms_has_y2_in(p, false);
+}
 static inline float opck_rms_out_scale(const berth_rms_norm_params *p)
 {
     return BERTH_HAS(p, berth_rms_norm_params, rope_freqs) && p->out_scale != 0.0f ? p->out_scale : 1.0f;
