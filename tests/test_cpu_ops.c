@@ -906,6 +906,15 @@ START_TEST(test_rms_norm_second_output)
             same_bits(&z2.t, &z1.t, what);
             tcheck_outside(&z2, &z2.t, what);
             same_bits(&r2.t, &r.t, what);
+            if (rm == 1 && wm2 == 1) { /* y2 sharing bytes with y, x or the residual is refused at execution */
+                p.y = y.t;
+                p.y2 = y.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps y");
+                p.y2 = x.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps x");
+                p.y2 = r2.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps the residual");
+            }
             tt_free(&x);
             tt_free(&w);
             tt_free(&w2);

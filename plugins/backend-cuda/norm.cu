@@ -297,7 +297,8 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
                 o.w *= a.oscale;
             }
             y[q] = o;
-            ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+            if (a.has_y2)
+                ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
         }
         if (a.has_y2) { /* uniform over the team: tm.sum's barriers are safe */
             float4 *y2 = (float4 *)nm_row(a.y2, row);

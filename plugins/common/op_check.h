@@ -59,6 +59,8 @@ bool opck_tensor(struct opck *c, const char *op, const char *name, const berth_t
 /* ne[0] == n (n < 0: any) and ne[1..3] == 1. */
 bool opck_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t, int64_t n);
 /* t has exactly ref's ne. */
+/* In execution: a and b are views of one buffer whose byte ranges intersect (absent views never overlap). */
+bool opck_views_overlap(const berth_tensor *a, const berth_tensor *b);
 bool opck_same_shape(struct opck *c, const char *op, const char *name, const berth_tensor *t, const char *ref_name,
                      const berth_tensor *ref);
 /* Params struct_size covers the fields this ABI version's op reads (BERTH_E_ABI otherwise). */

@@ -184,11 +184,14 @@ bool opck_rms_norm(struct opck *c, const berth_rms_norm_params *p)
             return false;
         if (p->y2.dtype != BERTH_DTYPE_F32)
             return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: y2 must be f32, got %s", opck_dtype_name(p->y2.dtype));
-        /* the same first element (a query's NULL buffers never match): a kernel reads y or x after writing y2 */
-        if (p->y2.buf && p->y2.buf == p->y.buf && p->y2.offset == p->y.offset)
-            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 may not alias y");
-        if (p->y2.buf && p->y2.buf == p->x.buf && p->y2.offset == p->x.offset)
-            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 may not alias x");
+        /* no shared bytes (a query's NULL buffers never overlap): kernels read x, y and the residual of other
+         * rows after writing a row of y2 */
+        if (opck_views_overlap(&p->y2, &p->y))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps y");
+        if (opck_views_overlap(&p->y2, &p->x))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps x");
+        if (p->resid_mode != BERTH_RESID_NONE && opck_views_overlap(&p->y2, &p->residual))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps the residual");
         if (opck_norm_has_weight(p->y2_weight_mode) && !check_feature_vector(c, op, "y2_w", &p->y2_w, p->x.ne[0]))
             return false;
     }

@@ -920,14 +920,16 @@ START_TEST(test_rms_norm_out_scale)
 }
 END_TEST
 
-/* The second output y2 = RMSNorm(y) * w2 on both rms kernels (vector rows of 1536, general rows of 77), every
- * residual mode and y2 weight mode, with out_scale. */
+/* The second output y2 = RMSNorm(y) * w2 on every rms kernel shape (vector rows: 256 a warp each, 1536 a block
+ * each; general rows: 77 a warp each, 1030 a block each, two block reductions per row), every residual mode and
+ * y2 weight mode, with out_scale. */
 START_TEST(test_rms_norm_second_output)
 {
+    static const int64_t sizes[4] = {256, 1536, 77, 1030};
     for (int rmode = 0; rmode < 3; rmode++)
         for (int wm2 = 0; wm2 < 4; wm2++)
-            for (int k = 0; k < 2; k++) {
-                const int64_t n = k ? 77 : 1536, rows = 5;
+            for (int k = 0; k < 4; k++) {
+                const int64_t n = sizes[k], rows = 5;
                 char what[112];
                 snprintf(what, sizeof what, "rms_norm y2 resid=%s y2 weight=%s n=%lld", rmode_names[rmode],
                          wmode_names[wm2], (long long)n);
