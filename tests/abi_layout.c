@@ -93,7 +93,7 @@ _Static_assert(offsetof(berth_get_rows_params, scale) == 4, "berth_get_rows_para
 _Static_assert(offsetof(berth_get_rows_params, table) == 8, "berth_get_rows_params.table moved");
 _Static_assert(offsetof(berth_get_rows_params, ids) == 96, "berth_get_rows_params.ids moved");
 _Static_assert(offsetof(berth_get_rows_params, y) == 184, "berth_get_rows_params.y moved");
-_Static_assert(sizeof(berth_rms_norm_params) == 560, "berth_rms_norm_params size changed");
+_Static_assert(sizeof(berth_rms_norm_params) == 744, "berth_rms_norm_params size changed");
 _Static_assert(offsetof(berth_rms_norm_params, struct_size) == 0, "berth_rms_norm_params.struct_size moved");
 _Static_assert(offsetof(berth_rms_norm_params, weight_mode) == 4, "berth_rms_norm_params.weight_mode moved");
 _Static_assert(offsetof(berth_rms_norm_params, resid_mode) == 8, "berth_rms_norm_params.resid_mode moved");
@@ -108,6 +108,9 @@ _Static_assert(offsetof(berth_rms_norm_params, rope_n_pairs) == 376, "berth_rms_
 _Static_assert(offsetof(berth_rms_norm_params, out_scale) == 380, "berth_rms_norm_params.out_scale moved");
 _Static_assert(offsetof(berth_rms_norm_params, rope_positions) == 384, "berth_rms_norm_params.rope_positions moved");
 _Static_assert(offsetof(berth_rms_norm_params, rope_freqs) == 472, "berth_rms_norm_params.rope_freqs moved");
+_Static_assert(offsetof(berth_rms_norm_params, y2_weight_mode) == 560, "berth_rms_norm_params.y2_weight_mode moved");
+_Static_assert(offsetof(berth_rms_norm_params, y2_w) == 568, "berth_rms_norm_params.y2_w moved");
+_Static_assert(offsetof(berth_rms_norm_params, y2) == 656, "berth_rms_norm_params.y2 moved");
 _Static_assert(sizeof(berth_layer_norm_params) == 456, "berth_layer_norm_params size changed");
 _Static_assert(offsetof(berth_layer_norm_params, struct_size) == 0, "berth_layer_norm_params.struct_size moved");
 _Static_assert(offsetof(berth_layer_norm_params, resid_mode) == 4, "berth_layer_norm_params.resid_mode moved");

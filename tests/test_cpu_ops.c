@@ -866,6 +866,73 @@ START_TEST(test_rms_norm_out_scale)
 }
 END_TEST
 
+/* The second output: y2 = RMSNorm(y) * w2 bit-identical to rms_norm, then another rms_norm of y; every residual
+ * mode, with out_scale, each y2 weight mode (bf16 / f32 weights), strided y2 rows. */
+START_TEST(test_rms_norm_second_output)
+{
+    const int64_t n = 77, R = 6;
+    for (int rm = 0; rm < 3; rm++)
+        for (int wm2 = 0; wm2 < 4; wm2++) {
+            const float s = rm == 1 ? 0.75f : 0.0f;
+            struct tt x = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 1), w = tt_new(BERTH_DTYPE_F32, n, 1, 1, 1, 0);
+            struct tt w2 = tt_new(wm2 == 2 ? BERTH_DTYPE_BF16 : BERTH_DTYPE_F32, n, 1, 1, 1, 0);
+            struct tt r = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0), y = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0);
+            struct tt z1 = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 0), z2 = tt_new(BERTH_DTYPE_F32, n, R, 1, 1, 3);
+            trand(&x.t, -3, 3);
+            trand(&w.t, -1, 1);
+            trand(&w2.t, -1, 1);
+            trand(&r.t, -1, 1);
+            struct tt r2 = tt_copy(&r.t, 0), y1 = tt_copy(&y.t, 0);
+            tpoison(&y.t);
+            tpoison(&y1.t);
+            tpoison(&z1.t);
+            tpoison(&z2.t);
+            tsnap(&z2);
+            char what[64];
+            snprintf(what, sizeof what, "rms_norm y2 resid %d y2 weight %d", rm, wm2);
+            /* reference: the post-norm, then a separate rms_norm of its output */
+            berth_rms_norm_params p = {.struct_size = sizeof p, .weight_mode = BERTH_NORM_W, .resid_mode = rm,
+                                       .eps = 1e-5f, .x = x.t, .w = w.t, .residual = rm ? r.t : absent, .y = y1.t,
+                                       .out_scale = s};
+            CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            berth_rms_norm_params q = {.struct_size = sizeof q, .weight_mode = wm2, .eps = 1e-5f, .x = y1.t,
+                                       .w = (wm2 == BERTH_NORM_W || wm2 == BERTH_NORM_W_ONE_PLUS) ? w2.t : absent, .residual = absent,
+                                       .y = z1.t};
+            CHECK(ops->rms_norm(be, st, &q) == BERTH_OK, "%s", g_last_error);
+            /* fused */
+            p.residual = rm ? r2.t : absent;
+            p.y = y.t;
+            p.y2_weight_mode = wm2;
+            p.y2_w = (wm2 == BERTH_NORM_W || wm2 == BERTH_NORM_W_ONE_PLUS) ? w2.t : absent;
+            p.y2 = z2.t;
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &p), BERTH_OK);
+            CHECK(ops->rms_norm(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            same_bits(&y.t, &y1.t, what);
+            same_bits(&z2.t, &z1.t, what);
+            tcheck_outside(&z2, &z2.t, what);
+            same_bits(&r2.t, &r.t, what);
+            if (rm == 1 && wm2 == 1) { /* y2 sharing bytes with y, x or the residual is refused at execution */
+                p.y = y.t;
+                p.y2 = y.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps y");
+                p.y2 = x.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps x");
+                p.y2 = r2.t;
+                expect_error(ops->rms_norm(be, st, &p), BERTH_E_INVALID, "rms_norm: y2 overlaps the residual");
+            }
+            tt_free(&x);
+            tt_free(&w);
+            tt_free(&w2);
+            tt_free(&r);
+            tt_free(&r2);
+            tt_free(&y);
+            tt_free(&y1);
+            tt_free(&z1);
+            tt_free(&z2);
+        }
+}
+END_TEST
+
 /* A caller compiled before the 0.3 fields (struct_size up to y) gets a plain rms_norm whatever follows. */
 START_TEST(test_rms_norm_old_caller)
 {
@@ -1205,6 +1272,24 @@ START_TEST(test_supports_rejections)
     rn.rope_n_pairs = 0; /* out_scale is checked without RoPE too */
     rn.out_scale = NAN;
     expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: out_scale nan must be finite");
+    rn.out_scale = 1.0f;
+    rn.y2 = qt(F32, 32, 2, 3, 1); /* the second output */
+    rn.y2_weight_mode = BERTH_NORM_W;
+    rn.y2_w = qt(BERTH_DTYPE_BF16, 32, 1, 1, 1);
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &rn), BERTH_OK);
+    rn.rope_n_pairs = 4;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: a second output (y2) and RoPE cannot be combined");
+    rn.rope_n_pairs = 0;
+    rn.y2_weight_mode = 7;
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: y2_weight_mode 7 is not supported");
+    rn.y2_weight_mode = BERTH_NORM_W;
+    rn.y2 = qt(F32, 32, 3, 2, 1);
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: y2 ne[1] = 3 differs from y ne[1] = 2");
+    rn.y2 = qt(F32, 32, 2, 3, 1);
+    rn.y2_w = qt(BERTH_DTYPE_BF16, 31, 1, 1, 1);
+    expect_unsupported(BERTH_OP_RMS_NORM, &rn, "rms_norm: y2_w must be ne {32}, got {31, 1, 1, 1}");
+    rn.y2_w = absent;
+    rn.y2 = absent;
 
     berth_unary_params un = {.struct_size = sizeof un, .act = 9, .x = qt(F32, 8, 2, 1, 1), .y = qt(F32, 8, 2, 1, 1)};
     expect_unsupported(BERTH_OP_UNARY, &un, "unary: activation 9 is not supported");
@@ -1329,6 +1414,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_rms_norm_rope);
     tcase_add_test(tc, test_rms_norm_out_scale);
+    tcase_add_test(tc, test_rms_norm_second_output);
     tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);

@@ -826,7 +826,7 @@ START_TEST(create_info_layout_requirements)
     /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);
-    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0;
+    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0, n_second = 0;
     for (int i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(r[i]);
         ck_assert_uint_eq(r[i]->struct_size, sizeof(berth_requirement));
@@ -868,18 +868,32 @@ START_TEST(create_info_layout_requirements)
                 n_rope_norms++;
             }
             n_scaled_norms += p->out_scale != 0.0f;
+            if (p->y2.ne[0] != 0) { /* post-norms that also write the next projection's pre-norm */
+                ck_assert_int_eq(p->resid_mode, BERTH_RESID_ADD_AFTER);
+                ck_assert_int_eq(p->y2_weight_mode, BERTH_NORM_W);
+                ck_assert_int_eq(p->y2_w.ne[0], p->x.ne[0]);
+                ck_assert_int_eq(p->y2.ne[0], p->y.ne[0]);
+                ck_assert_int_eq(p->y2.ne[1], p->y.ne[1]);
+                ck_assert_int_eq(p->y2.dtype, BERTH_DTYPE_F32);
+                n_second++;
+            }
         }
     }
     ck_assert(seen16 && seen32);
     ck_assert_int_eq(n_rope_norms, 2);
-    /* out_scale: post_per_layer_input_norm (* layer_scalar) and the per-layer input norm (* 2^-1/2) */
-    ck_assert_int_eq(n_scaled_norms, 2);
+    /* out_scale: post_per_layer_input_norm (* layer_scalar; with the next layer's input norm as second output,
+     * and without it after the last layer) and the per-layer input norm (* 2^-1/2) */
+    ck_assert_int_eq(n_scaled_norms, 3);
+    /* second outputs: post_attention_layernorm (+ pre_feedforward_layernorm) and the layer's last norm (+ the next
+     * input_layernorm) */
+    ck_assert_int_eq(n_second, 2);
     int found = 0;
     for (int i = 0; i < n; i++)
         found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
                                    "scale 1, f32 cache)") == 0;
     ck_assert_msg(found, "no readable attention requirement");
-    /* input_layernorm and pre_feedforward_layernorm are the projections' matmul norm prologue, not rms_norm ops */
+    /* input_layernorm and pre_feedforward_layernorm are never rms_norm ops of their own: the previous norm's
+     * second output, or (layer 0's q/k/v projections, which no norm precedes) the matmul's norm prologue */
     int prologues = 0;
     for (int i = 0; i < n; i++) {
         ck_assert_msg(strncmp(r[i]->what, "rms_norm input_layernorm", 24) != 0 &&
@@ -888,9 +902,9 @@ START_TEST(create_info_layout_requirements)
         if (r[i]->op != BERTH_OP_MATMUL)
             continue;
         const berth_matmul_params *p = r[i]->params;
-        const int want = strstr(r[i]->what, "q_proj") || strstr(r[i]->what, "k_proj") ||
-                         strstr(r[i]->what, "v_proj") || strstr(r[i]->what, "gate_proj") ||
-                         strstr(r[i]->what, "up_proj");
+        const int want = strstr(r[i]->what, "(input_layernorm prologue") != NULL;
+        if (want)
+            ck_assert(strstr(r[i]->what, "q_proj") || strstr(r[i]->what, "k_proj") || strstr(r[i]->what, "v_proj"));
         ck_assert_msg(p->x_norm_mode == (want ? BERTH_NORM_W : BERTH_NORM_W_NONE), "%s: x_norm_mode %d", r[i]->what,
                       p->x_norm_mode);
         if (want) {

@@ -181,6 +181,13 @@ typedef struct berth_rms_norm_params {
     int32_t rope_n_pairs;
     float out_scale;
     berth_tensor rope_positions, rope_freqs;
+    /* A second, normalised output (ABI 0.3, appended; optional): when y2 is present, each row of y, as
+     * finished above (after out_scale), is RMS-normalised again with the same eps and weighted by y2_weight_mode
+     * / y2_w (as weight_mode / w), into y2: y2 = RMSNorm(y) * w2 — a post-norm residual and the next sublayer's
+     * pre-norm in one pass. y2: y's shape, f32 (rows may be strided); it may alias neither x, y nor the residual.
+     * Not with RoPE. Default (older caller or y2 absent): no second output. */
+    int32_t y2_weight_mode;
+    berth_tensor y2_w, y2;
     /* ABI 0.3: fields above. Append below only. */
 } berth_rms_norm_params;
 

@@ -1,10 +1,13 @@
 /*
  * norm.c — normalisations over ne[0] of each row, fp32: rms_norm and layer_norm (weight and residual modes)
  * and gated_rms_norm (Qwen3.5 GDN output norm). Parallel over rows. rms_norm's RoPE and out_scale run the same
- * row code as rms_norm followed by the rope op (and a scale), so the fused op matches the sequence bit for bit.
+ * row code as rms_norm followed by the rope op (and a scale), so the fused op matches the sequence bit for bit;
+ * the second output (y2) is rms_norm's row routine run again on the finished row.
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdbool.h>
+#include <string.h>
 
 #include "cpu_backend.h"
 #include "simd.h"
@@ -58,15 +61,29 @@ static void scale_row(const berth_rms_norm_params *p, int64_t r, float s)
         y[i] *= s;
 }
 
+/* The second output: y2 = RMSNorm(y) * w2 with the row routine rms_norm itself runs on y's finished row, so the
+ * pair equals rms_norm followed by an rms_norm of y bit for bit. */
+static void second_row(const berth_rms_norm_params *p, const void *w2, int64_t r)
+{
+    const int64_t n = p->x.ne[0];
+    float *y2 = (float *)cpu_row(&p->y2, r);
+    memcpy(y2, cpu_row(&p->y, r), (size_t)n * sizeof(float));
+    cpu_rms_norm_row(y2, n, p->eps, p->y2_weight_mode, w2, p->y2_w.dtype);
+}
+
 static void rms_norm_range(const void *arg, int64_t r0, int64_t r1)
 {
     const berth_rms_norm_params *p = arg;
     const void *w = opck_norm_has_weight(p->weight_mode) ? cpu_data(&p->w) : NULL;
     const float s = opck_rms_out_scale(p);
+    const bool y2 = opck_rms_has_y2(p);
+    const void *w2 = y2 && opck_norm_has_weight(p->y2_weight_mode) ? cpu_data(&p->y2_w) : NULL;
     for (int64_t r = r0; r < r1; r++) {
         rms_norm_row(p, w, r);
         if (s != 1.0f)
             scale_row(p, r, s);
+        if (y2)
+            second_row(p, w2, r);
     }
 }
 
@@ -97,7 +114,7 @@ berth_status cpu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms
         cpu_parallel_for(be, cpu_nrows(&p->x) / p->x.ne[1],
                          (2.0 * (double)p->x.ne[0] + 2.0) * (double)p->x.ne[1] + 40.0 * pairs, rms_norm_rope_range, p);
     else if (pairs == 0)
-        cpu_parallel_for(be, cpu_nrows(&p->x), 2.0 * (double)p->x.ne[0], rms_norm_range, p);
+        cpu_parallel_for(be, cpu_nrows(&p->x), (opck_rms_has_y2(p) ? 4.0 : 2.0) * (double)p->x.ne[0], rms_norm_range, p);
     CPU_OP_END(be);
     return BERTH_OK;
 }

@@ -106,7 +106,21 @@ struct nm_rms_args {
     const float *freqs;
     int64_t heads;
     int32_t rmode_rope, roff, np;
+    /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
+    int32_t has_y2, w2dt, w2mode;
+    const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
+    cu_rows y2;
 };
+
+/* The weight factor of element i in mode `mode` (W: w, W_ONE_PLUS: 1 + w, otherwise 1). */
+static __device__ __forceinline__ float nm_factor(const void *w, int dt, int mode, int64_t i)
+{
+    if (mode == BERTH_NORM_W)
+        return cu_ld(w, dt, i);
+    if (mode == BERTH_NORM_W_ONE_PLUS)
+        return 1.0f + cu_ld(w, dt, i);
+    return 1.0f;
+}
 
 /* General kernel: any row length and layout. */
 template <bool WARP>
@@ -139,6 +153,16 @@ __global__ void nm_rms_kernel(const nm_rms_args a)
                 v *= 1.0f + cu_ld(a.w, a.wdt, i);
             v = a.rmode == BERTH_RESID_ADD_AFTER ? res[i] + v : v;
             y[i] = a.oscale != 1.0f ? v * a.oscale : v;
+        }
+        if (a.has_y2) { /* each thread re-reads the elements of y it wrote itself */
+            float *y2 = nm_row(a.y2, row);
+            float ss2 = 0.0f;
+            for (int64_t i = tm.lane; i < a.n; i += tm.width)
+                ss2 = fmaf(y[i], y[i], ss2);
+            ss2 = tm.sum(ss2, scratch);
+            const float inv2 = 1.0f / sqrtf(ss2 / (float)a.n + a.eps);
+            for (int64_t i = tm.lane; i < a.n; i += tm.width)
+                y2[i] = y[i] * inv2 * nm_factor(a.w2, a.w2dt, a.w2mode, i);
         }
     }
 }
@@ -243,12 +267,13 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
         }
         ss = tm.sum(ss, scratch);
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
+        float ss2 = 0.0f;
 #pragma unroll
         for (int j = 0; j < V; j++) {
             const int q = lane + j * width;
             if (q >= nv)
                 continue;
-            float4 o;
+            float4 &o = v[j]; /* y's values stay in v[] for the second output */
             o.x = v[j].x * inv;
             o.y = v[j].y * inv;
             o.z = v[j].z * inv;
@@ -272,6 +297,25 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
                 o.w *= a.oscale;
             }
             y[q] = o;
+            if (a.has_y2)
+                ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+        }
+        if (a.has_y2) { /* uniform over the team: tm.sum's barriers are safe */
+            float4 *y2 = (float4 *)nm_row(a.y2, row);
+            ss2 = tm.sum(ss2, scratch);
+            const float inv2 = 1.0f / sqrtf(ss2 / (float)a.n + a.eps);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const int q = lane + j * width;
+                if (q >= nv)
+                    continue;
+                float4 o2;
+                o2.x = v[j].x * inv2 * nm_factor(a.w2, a.w2dt, a.w2mode, 4 * q + 0);
+                o2.y = v[j].y * inv2 * nm_factor(a.w2, a.w2dt, a.w2mode, 4 * q + 1);
+                o2.z = v[j].z * inv2 * nm_factor(a.w2, a.w2dt, a.w2mode, 4 * q + 2);
+                o2.w = v[j].w * inv2 * nm_factor(a.w2, a.w2dt, a.w2mode, 4 * q + 3);
+                y2[q] = o2;
+            }
         }
     }
 }
@@ -454,6 +498,16 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     a.oscale = opck_rms_out_scale(p);
     a.n = n;
     a.rows = rows;
+    a.has_y2 = opck_rms_has_y2(p);
+    a.w2 = NULL;
+    a.w2dt = BERTH_DTYPE_F32;
+    a.w2mode = BERTH_NORM_UNIT;
+    if (a.has_y2) {
+        a.y2 = cu_rows_of(&p->y2);
+        a.w2mode = opck_norm_has_weight(p->y2_weight_mode) ? p->y2_weight_mode : BERTH_NORM_UNIT;
+        a.w2 = opck_norm_has_weight(p->y2_weight_mode) ? cu_ptr(&p->y2_w) : NULL;
+        a.w2dt = p->y2_w.dtype;
+    }
     a.np = opck_rms_rope_pairs(p);
     if (a.np > 0) {
         a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
@@ -477,6 +531,7 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     const size_t wal = !has_w ? 1 : p->w.dtype == BERTH_DTYPE_F32 ? 16 : 8;
     const bool vec = n % 4 == 0 && n <= NM_VEC_MAX && nm_rows_aligned16(&p->x) && nm_rows_aligned16(&p->y) &&
                      (a.rmode == BERTH_RESID_NONE || nm_rows_aligned16(&p->residual)) &&
+                     (!a.has_y2 || nm_rows_aligned16(&p->y2)) &&
                      (uintptr_t)a.w % wal == 0;
     cudaError_t e;
     if (vec) {

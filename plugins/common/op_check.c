@@ -78,6 +78,21 @@ static bool view_extent(const berth_tensor *t, size_t es, int64_t *lo, int64_t *
     return true;
 }
 
+bool opck_views_overlap(const berth_tensor *a, const berth_tensor *b)
+{
+    if (!a->buf || a->buf != b->buf)
+        return false;
+    int64_t alo, ahi, blo, bhi;
+    if (!view_extent(a, opck_dtype_size(a->dtype), &alo, &ahi) ||
+        !view_extent(b, opck_dtype_size(b->dtype), &blo, &bhi))
+        return true; /* a view past int64 is refused elsewhere; call it overlapping to be safe */
+    if (alo == ahi || blo == bhi)
+        return false;
+    const int64_t a0 = (int64_t)a->offset + alo, a1 = (int64_t)a->offset + ahi;
+    const int64_t b0 = (int64_t)b->offset + blo, b1 = (int64_t)b->offset + bhi;
+    return a0 < b1 && b0 < a1;
+}
+
 bool opck_tensor(struct opck *c, const char *op, const char *name, const berth_tensor *t, uint32_t dtypes,
                  bool writes)
 {

@@ -59,6 +59,8 @@ bool opck_tensor(struct opck *c, const char *op, const char *name, const berth_t
 /* ne[0] == n (n < 0: any) and ne[1..3] == 1. */
 bool opck_vector(struct opck *c, const char *op, const char *name, const berth_tensor *t, int64_t n);
 /* t has exactly ref's ne. */
+/* In execution: a and b are views of one buffer whose byte ranges intersect (absent views never overlap). */
+bool opck_views_overlap(const berth_tensor *a, const berth_tensor *b);
 bool opck_same_shape(struct opck *c, const char *op, const char *name, const berth_tensor *t, const char *ref_name,
                      const berth_tensor *ref);
 /* Params struct_size covers the fields this ABI version's op reads (BERTH_E_ABI otherwise). */
@@ -86,6 +88,17 @@ static inline int32_t opck_matmul_glu(const berth_matmul_params *p)
 static inline int32_t opck_rms_rope_pairs(const berth_rms_norm_params *p)
 {
     return BERTH_HAS(p, berth_rms_norm_params, rope_freqs) ? p->rope_n_pairs : 0;
+}
+/* rms_norm's second output is present (an older caller: never); `query`: a supports() query, where presence is
+ * ne[0] != 0 (backend.h, optional tensors), else buf != NULL. */
+static inline bool opck_rms_has_y2_in(const berth_rms_norm_params *p, bool query)
+{
+    return BERTH_HAS(p, berth_rms_norm_params, y2) && (query ? p->y2.ne[0] != 0 : p->y2.buf != NULL);
+}
+/* The same in execution (the backends' op code). */
+static inline bool opck_rms_has_y2(const berth_rms_norm_params *p)
+{
+    return opck_rms_has_y2_in(p, false);
 }
 static inline float opck_rms_out_scale(const berth_rms_norm_params *p)
 {

@@ -173,6 +173,28 @@ bool opck_rms_norm(struct opck *c, const berth_rms_norm_params *p)
     const int32_t pairs = p->rope_n_pairs;
     if (pairs < 0)
         return opck_fail(c, BERTH_E_INVALID, "rms_norm: rope_n_pairs %d is negative", pairs);
+    if (opck_rms_has_y2_in(p, !c->exec)) {
+        if (pairs > 0)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: a second output (y2) and RoPE cannot be combined");
+        if (p->y2_weight_mode < BERTH_NORM_W_NONE || p->y2_weight_mode > BERTH_NORM_UNIT)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: y2_weight_mode %d is not supported",
+                             p->y2_weight_mode);
+        if (!opck_tensor(c, op, "y2", &p->y2, c->be->act_dtypes, true) ||
+            !opck_same_shape(c, op, "y2", &p->y2, "y", &p->y))
+            return false;
+        if (p->y2.dtype != BERTH_DTYPE_F32)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "rms_norm: y2 must be f32, got %s", opck_dtype_name(p->y2.dtype));
+        /* no shared bytes (a query's NULL buffers never overlap): kernels read x, y and the residual of other
+         * rows after writing a row of y2 */
+        if (opck_views_overlap(&p->y2, &p->y))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps y");
+        if (opck_views_overlap(&p->y2, &p->x))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps x");
+        if (p->resid_mode != BERTH_RESID_NONE && opck_views_overlap(&p->y2, &p->residual))
+            return opck_fail(c, BERTH_E_INVALID, "rms_norm: y2 overlaps the residual");
+        if (opck_norm_has_weight(p->y2_weight_mode) && !check_feature_vector(c, op, "y2_w", &p->y2_w, p->x.ne[0]))
+            return false;
+    }
     if (pairs == 0)
         return true;
     if (p->resid_mode != BERTH_RESID_NONE)

@@ -32,6 +32,8 @@ struct g4_step {
     int64_t T;                 /* tokens in the step */
     int cur;                   /* which of sc->x holds the residual stream */
     int fused;                 /* use the fused q|k|v and gate|up projections where the layer has them */
+    int u_normed;              /* sc->u holds the next projection's pre-norm of the residual stream, written as
+                                * the second output (y2) of the norm before it: the projection needs no prologue */
 };
 
 /* --- dispatch ---------------------------------------------------------------------------------------------- */
@@ -141,15 +143,37 @@ static berth_status op_rms(struct g4_step *st, berth_tensor x, const berth_tenso
     return run(st, BERTH_OP_RMS_NORM, &p, site);
 }
 
-/* The layer's last norm: y = (residual + RMSNorm(x) * w) * layer_scalar, the scalar as the norm's out_scale
- * (one op instead of rms_norm + a scale; 1.0 is an exact no-op for the backend). */
-static berth_status op_rms_last(struct g4_step *st, int layer, berth_tensor x, const berth_tensor *w,
-                                const berth_tensor *residual, berth_tensor y, const char *site)
+/* A post-norm y = (residual + RMSNorm(x) * w) * scale (scale 0: none) that also writes the next projection's
+ * pre-norm u = RMSNorm(y) * next_w as its second output (next_w NULL: no second output), so that projection
+ * reads u without a norm prologue: one op where the prologue cost the product a gather of x. */
+static berth_status op_rms_then(struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
+                                berth_tensor y, float scale, const berth_tensor *next_w, const char *site)
 {
     berth_rms_norm_params p;
     rms_params(st, x, w, residual, y, &p);
-    p.out_scale = st->m->w.layers[layer].layer_scalar;
+    p.out_scale = scale;
+    if (next_w) {
+        p.y2_weight_mode = BERTH_NORM_W;
+        p.y2_w = *next_w;
+        p.y2 = act(st, st->sc->u, y.ne[0], y.ne[1], 1);
+    }
+    st->u_normed = next_w != NULL;
     return run(st, BERTH_OP_RMS_NORM, &p, site);
+}
+
+/* The input norm of layer i + 1 (the second output of layer i's last norm), or NULL after the last layer. */
+static const berth_tensor *next_input_norm(const struct g4_step *st, int i)
+{
+    return i + 1 < st->m->cfg->n_layers ? &st->m->w.layers[i + 1].input_norm : NULL;
+}
+
+/* The layer's last norm: y = (residual + RMSNorm(x) * w) * layer_scalar, the scalar as the norm's out_scale
+ * (one op instead of rms_norm + a scale; 1.0 is an exact no-op for the backend), with the next layer's input norm
+ * as its second output. */
+static berth_status op_rms_last(struct g4_step *st, int layer, berth_tensor x, const berth_tensor *w,
+                                const berth_tensor *residual, berth_tensor y, const char *site)
+{
+    return op_rms_then(st, x, w, residual, y, st->m->w.layers[layer].layer_scalar, next_input_norm(st, layer), site);
 }
 
 /* x = out_scale * f(in_scale * x), in place. */
@@ -253,20 +277,23 @@ static berth_status attention_block(struct g4_step *st, int i)
     berth_tensor q = act(st, sc->q, hd, H, T), att = act(st, sc->att, hd, H, T);
     berth_tensor k = act(st, sc->k, hd, K, T), v = act(st, sc->v, hd, K, T);
 
-    /* input_layernorm is each projection's norm prologue: the projections read the residual stream directly */
-    const berth_tensor *in_norm = &lw->input_norm;
+    /* input_layernorm: the previous layer's last norm wrote it to u (its second output); the first layer's
+     * projections apply it as their norm prologue on the residual stream */
+    const int pre = st->u_normed;
+    const berth_tensor *in_norm = pre ? NULL : &lw->input_norm;
+    const berth_tensor xn = pre ? act(st, sc->u, D, T, 1) : xin;
     const int fused_qkv = st->fused && lw->qkv.ne[0] != 0;
     if (fused_qkv) {
         /* One product into rows of [q | k | v]; q, k and v are strided views of it. */
         const int64_t nq = H * hd, nk = K * hd, nrow = lw->qkv.ne[1];
-        if ((r = op_matmul_norm(st, xin, &lw->qkv, act(st, sc->qkv, nrow, T, 1), in_norm,
-                                "q_proj + k_proj + v_proj (input_layernorm prologue)")) != BERTH_OK)
+        if ((r = op_matmul_norm(st, xn, &lw->qkv, act(st, sc->qkv, nrow, T, 1), in_norm,
+                                pre ? "q_proj + k_proj + v_proj" : "q_proj + k_proj + v_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         q = qkv_view(st, 0, hd, H, nrow);
         k = qkv_view(st, nq, hd, K, nrow);
         v = ly->v_from_k ? k : qkv_view(st, nq + nk, hd, K, nrow);
-    } else if ((r = op_matmul_norm(st, xin, &lw->q_proj, act(st, sc->q, H * hd, T, 1), in_norm,
-                                   "q_proj (input_layernorm prologue)")) != BERTH_OK) {
+    } else if ((r = op_matmul_norm(st, xn, &lw->q_proj, act(st, sc->q, H * hd, T, 1), in_norm,
+                                   pre ? "q_proj" : "q_proj (input_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
     {
@@ -287,13 +314,13 @@ static berth_status attention_block(struct g4_step *st, int i)
     }
 
     if (!ly->kv_shared) {
-        if (!fused_qkv && (r = op_matmul_norm(st, xin, &lw->k_proj, act(st, sc->k, K * hd, T, 1), in_norm,
-                                              "k_proj (input_layernorm prologue)")) != BERTH_OK)
+        if (!fused_qkv && (r = op_matmul_norm(st, xn, &lw->k_proj, act(st, sc->k, K * hd, T, 1), in_norm,
+                                              pre ? "k_proj" : "k_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         /* With attention_k_eq_v (full layers) V is the raw K projection (before k_norm and RoPE). */
         if (!fused_qkv && !ly->v_from_k &&
-            (r = op_matmul_norm(st, xin, &lw->v_proj, act(st, sc->v, K * hd, T, 1), in_norm,
-                                "v_proj (input_layernorm prologue)")) != BERTH_OK)
+            (r = op_matmul_norm(st, xn, &lw->v_proj, act(st, sc->v, K * hd, T, 1), in_norm,
+                                pre ? "v_proj" : "v_proj (input_layernorm prologue)")) != BERTH_OK)
             return r;
         berth_kv_append_params p;
         memset(&p, 0, sizeof p);
@@ -337,7 +364,8 @@ static berth_status attention_block(struct g4_step *st, int i)
     p.kv = cache;
     if ((r = run(st, BERTH_OP_ATTENTION, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) != BERTH_OK ||
         (r = op_matmul(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, "o_proj")) != BERTH_OK ||
-        (r = op_rms(st, a, &lw->post_attn_norm, &xin, xout, "post_attention_layernorm")) != BERTH_OK)
+        (r = op_rms_then(st, a, &lw->post_attn_norm, &xin, xout, 0.0f, &lw->pre_ff_norm,
+                         "post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -355,24 +383,25 @@ static berth_status mlp_block(struct g4_step *st, int i)
     berth_tensor xin = act(st, sc->x[st->cur], D, T, 1), xout = act(st, sc->x[1 - st->cur], D, T, 1);
     berth_tensor a = act(st, sc->a, D, T, 1);
     berth_tensor gate = act(st, sc->gate, I, T, 1), up = act(st, sc->up, I, T, 1);
-    /* pre_feedforward_layernorm is the gate/up products' norm prologue; the GLU is the epilogue of the product
-     * that yields the gate: gate = gelu_tanh(x Wg^T) * (x Wu^T) */
-    const berth_tensor *ff_norm = &lw->pre_ff_norm;
+    /* pre_feedforward_layernorm: the post-attention norm's second output, u; the GLU is the epilogue of the
+     * product that yields the gate: gate = gelu_tanh(u Wg^T) * (u Wu^T) */
+    const berth_tensor u = act(st, sc->u, D, T, 1);
+    const berth_tensor *ff_norm = NULL;
     if (st->fused && lw->gate_up.ne[0] != 0) {
         /* One product over the [gate | up] rows; the epilogue pairs its halves. */
-        if ((r = op_matmul_glu(st, xin, &lw->gate_up, gate, ff_norm, BERTH_GLU_HALVES, NULL,
-                               "mlp.gate_proj + mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK)
+        if ((r = op_matmul_glu(st, u, &lw->gate_up, gate, ff_norm, BERTH_GLU_HALVES, NULL,
+                               "mlp.gate_proj + mlp.up_proj")) != BERTH_OK)
             return r;
-    } else if ((r = op_matmul_norm(st, xin, &lw->up_proj, up, ff_norm,
-                                   "mlp.up_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK ||
-               (r = op_matmul_glu(st, xin, &lw->gate_proj, gate, ff_norm, BERTH_GLU_MUL, &up,
-                                  "mlp.gate_proj (pre_feedforward_layernorm prologue)")) != BERTH_OK) {
+    } else if ((r = op_matmul_norm(st, u, &lw->up_proj, up, ff_norm,
+                                   "mlp.up_proj")) != BERTH_OK ||
+               (r = op_matmul_glu(st, u, &lw->gate_proj, gate, ff_norm, BERTH_GLU_MUL, &up,
+                                  "mlp.gate_proj")) != BERTH_OK) {
         return r;
     }
     if ((r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK)
         return r;
     /* without PLE this is the layer's last norm: layer_scalar is its out_scale */
-    r = c->ple_dim > 0 ? op_rms(st, a, &lw->post_ff_norm, &xin, xout, "post_feedforward_layernorm")
+    r = c->ple_dim > 0 ? op_rms_then(st, a, &lw->post_ff_norm, &xin, xout, 0.0f, NULL, "post_feedforward_layernorm")
                        : op_rms_last(st, i, a, &lw->post_ff_norm, &xin, xout,
                                      "post_feedforward_layernorm (* layer_scalar)");
     if (r != BERTH_OK)
@@ -539,10 +568,10 @@ berth_status g4_requirements_build(berth_model *m)
     b.logits = g4_f32(NULL, 0, c->vocab, 1, 1);
 
     /* Both forms: whether the weights get fused is only known at load(), after the backend was chosen. */
-    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0, 0};
+    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0, 0, 0};
     berth_status r = run_step(&st);
     if (r == BERTH_OK) {
-        struct g4_step fst = {m, NULL, &b, 1, NULL, &sc, 1, 0, 1};
+        struct g4_step fst = {m, NULL, &b, 1, NULL, &sc, 1, 0, 1, 0};
         r = run_step(&fst);
     }
     return r;
@@ -593,7 +622,7 @@ berth_status g4_forward(berth_model *m, berth_stream *s, const berth_batch *b)
     berth_status r = check_batch(m, b);
     if (r != BERTH_OK)
         return r;
-    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0, m->fused};
+    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0, m->fused, 0};
     if ((r = run_step(&st)) != BERTH_OK)
         return r;
 

@@ -61,6 +61,7 @@ static void canon(int32_t op, void *p)
         berth_rms_norm_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->residual), canon_tensor(&q->y);
         canon_tensor(&q->rope_positions), canon_tensor(&q->rope_freqs);
+        canon_tensor(&q->y2_w), canon_tensor(&q->y2);
         break;
     }
     case BERTH_OP_UNARY: {
@@ -140,9 +141,13 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
         if (q->rope_n_pairs > 0)
             snprintf(rdesc, sizeof rdesc, ", RoPE half split at %d, %d rotated pairs", q->rope_pair_offset,
                      q->rope_n_pairs);
-        snprintf(out, n, "rms_norm %s (rows of %lld, %s%s%s%s)", site, (long long)q->x.ne[0], wdesc,
+        char ydesc[64] = "";
+        if (q->y2.ne[0] != 0)
+            snprintf(ydesc, sizeof ydesc, ", second output normalised again (%s %s)", g4_dtype_name(q->y2_w.dtype),
+                     norm_name(q->y2_weight_mode));
+        snprintf(out, n, "rms_norm %s (rows of %lld, %s%s%s%s%s)", site, (long long)q->x.ne[0], wdesc,
                  q->resid_mode == BERTH_RESID_ADD_AFTER ? ", residual added after" : "", rdesc,
-                 q->out_scale != 0.0f ? ", output scaled" : "");
+                 q->out_scale != 0.0f ? ", output scaled" : "", ydesc);
         break;
     }
     case BERTH_OP_UNARY: {

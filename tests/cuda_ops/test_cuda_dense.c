@@ -922,6 +922,58 @@ START_TEST(test_rms_norm_out_scale)
 }
 END_TEST
 
+/* The second output y2 = RMSNorm(y) * w2 on every rms kernel shape (vector rows: 256 a warp each, 1536 a block
+ * each; general rows: 77 a warp each, 1030 a block each, two block reductions per row), every residual mode and
+ * y2 weight mode, with out_scale. */
+START_TEST(test_rms_norm_second_output)
+{
+    static const int64_t sizes[4] = {256, 1536, 77, 1030};
+    for (int rmode = 0; rmode < 3; rmode++)
+        for (int wm2 = 0; wm2 < 4; wm2++)
+            for (int k = 0; k < 4; k++) {
+                const int64_t n = sizes[k], rows = 5;
+                char what[112];
+                snprintf(what, sizeof what, "rms_norm y2 resid=%s y2 weight=%s n=%lld", rmode_names[rmode],
+                         wmode_names[wm2], (long long)n);
+                struct hx_tensor X = hx_new(F32, n, rows, 0, 0), R = hx_new(F32, n, rows, 0, 0);
+                struct hx_tensor Y = hx_new(F32, n, rows, 0, 0), Y2 = hx_new(F32, n, rows, 0, 0);
+                struct hx_tensor Wt = hx_new(BF16, n, 0, 0, 0), W2 = hx_new(wm2 == 2 ? BF16 : F32, n, 0, 0, 0);
+                hx_rand(&X, -2.0f, 2.0f);
+                hx_rand(&R, -1.0f, 1.0f);
+                hx_rand(&Wt, -1.0f, 1.0f);
+                hx_rand(&W2, -1.0f, 1.0f);
+                berth_rms_norm_params p[2];
+                for (int s = 0; s < 2; s++) {
+                    memset(&p[s], 0, sizeof p[s]);
+                    p[s].struct_size = sizeof p[s];
+                    p[s].weight_mode = BERTH_NORM_W;
+                    p[s].resid_mode = rmode;
+                    p[s].eps = 1e-6f;
+                    p[s].x = X.t[s];
+                    p[s].y = Y.t[s];
+                    p[s].w = Wt.t[s];
+                    if (rmode != BERTH_RESID_NONE)
+                        p[s].residual = R.t[s];
+                    p[s].out_scale = rmode == BERTH_RESID_ADD_AFTER ? 0.37f : 0.0f;
+                    p[s].y2_weight_mode = wm2;
+                    if (wm2 == BERTH_NORM_W || wm2 == BERTH_NORM_W_ONE_PLUS)
+                        p[s].y2_w = W2.t[s];
+                    p[s].y2 = Y2.t[s];
+                }
+                hx_run_both(BERTH_OP_RMS_NORM, &p[HX_CPU], &p[HX_GPU], what);
+                hx_expect_close(&Y, EW_ATOL, EW_RTOL, what);
+                hx_expect_close(&Y2, EW_ATOL, EW_RTOL, what);
+                hx_expect_close(&R, EW_ATOL, EW_RTOL, what);
+                hx_free(&X);
+                hx_free(&R);
+                hx_free(&Y);
+                hx_free(&Y2);
+                hx_free(&Wt);
+                hx_free(&W2);
+            }
+}
+END_TEST
+
 /* --------------------------------------------------------------------------------------------------------------- */
 
 static Suite *make_suite(void)
@@ -952,6 +1004,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_rope);
     tcase_add_test(tc, test_rms_norm_rope);
     tcase_add_test(tc, test_rms_norm_out_scale);
+    tcase_add_test(tc, test_rms_norm_second_output);
     suite_add_tcase(s, tc);
     return s;
 }
