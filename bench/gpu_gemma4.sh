@@ -12,7 +12,8 @@
 #          --gen-len 128 --json, then TTFT: --concurrency 1,1,1,1,1 --prompt-len 2048 --gen-len 1 (five
 #          sequential single requests; the median of their TTFTs is reported)
 #   ncu    (only when named in PARTS) Nsight Compute kernel times of a TTFT prefill and of 1/8/32-sequence decode
-#          steps, one line per forward pass in $OUT/ncu-*.txt (tools/ncu_forwards.py NAME.csv N shows pass N)
+#          steps, one line per forward pass in $OUT/ncu-*.txt, then the last pass per kernel (the CSVs, gzipped,
+#          beside them: tools/ncu_forwards.py NAME.csv N shows pass N)
 #   hf     bench/hf_gemma4_bench.py: TTFT(2048) at batch 1, then one process per batch size in $HF_BATCHES
 #   then   one table: metric | berth | transformers | ratio (berth / transformers) | floor
 #
@@ -199,16 +200,18 @@ if has berth; then
 fi
 
 # ---- (d2) per-kernel breakdown (PARTS includes "ncu"; not in the default) -----------------------------------------
-# Nsight Compute's kernel durations for a TTFT prefill and for decode steps at 1, 8 and 32 sequences (graphs off:
+# Nsight Compute's kernel durations for a TTFT prefill and for decode steps at 1, 8 and 32 sequences after a
+# prompt of PROMPT_LEN tokens (graphs off:
 # ncu times kernels one by one, without overlap), summarised per forward pass by tools/ncu_forwards.py into
 # $OUT/ncu-*.txt: what each figure above is limited by.
-if has ncu && has berth && [ -z "${berth_failed:-}" ]; then
+if has ncu && has berth && [ "$berth_failed" = 0 ]; then
     t=$(date +%s)
     ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     nog=$work/nograph.ini
     awk '{print} /^\[scheduler\]/{print "graphs = false"}' "$config" >"$nog"
     grep -q '^\[scheduler\]' "$nog" || printf '[scheduler]\ngraphs = false\n' >>"$nog"
-    for job in "ttft:1:$ttft_len:1" "c1:1:16:3" "c8:8:16:3" "c32:32:16:3"; do
+    # Decode steps at the benchmark's context (prompt $plen): attention cost grows with it.
+    for job in "ttft:1:$ttft_len:1" "c1:1:$plen:3" "c8:8:$plen:3" "c32:32:$plen:3"; do
         IFS=: read -r name c p g <<<"$job"
         timeout "$berth_timeout" "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
             --cache-control none --clock-control none --log-file "$work/ncu-$name.csv" \
@@ -216,7 +219,8 @@ if has ncu && has berth && [ -z "${berth_failed:-}" ]; then
             >"$work/ncu-$name.out" 2>&1
         rc=$?
         [ $rc = 0 ] || say "ncu $name: exit $rc (see $work/ncu-$name.out)"
-        "$py" tools/ncu_forwards.py "$work/ncu-$name.csv" >"$out/ncu-$name.txt" 2>&1
+        "$py" tools/ncu_forwards.py "$work/ncu-$name.csv" last >"$out/ncu-$name.txt" 2>&1
+        gzip -c "$work/ncu-$name.csv" >"$out/ncu-$name.csv.gz"
         say "ncu $name: $(head -n 1 "$out/ncu-$name.txt" | cut -c1-60) ... ($(grep -c '^forward' "$out/ncu-$name.txt") passes) -> $out/ncu-$name.txt"
     done
     timing ncu $(($(date +%s) - t))

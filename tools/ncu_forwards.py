@@ -4,6 +4,7 @@
     ncu --metrics gpu__time_duration.sum --csv --print-units base --log-file run.csv build/host/berth bench ...
     tools/ncu_forwards.py run.csv            # one line per forward pass (kernels, summed kernel time)
     tools/ncu_forwards.py run.csv 2 8        # breakdowns of passes 2 and 8: per kernel name, then per launch shape
+    tools/ncu_forwards.py run.csv last       # breakdowns of the last forward (> 50 kernels) and of its logits head
 
 A pass starts at a get_rows kernel that follows a kernel of another kind (the embedding lookup); the logits
 head (get_rows of the logit rows, norm, LM head, sampling) therefore shows as a short pass of its own after each
@@ -47,7 +48,15 @@ def main():
     fw = passes(load(sys.argv[1]))
     for i, f in enumerate(fw):
         print(f"forward {i}: {len(f)} kernels, {sum(k[3] for k in f):.1f} us")
-    for i in (int(a) for a in sys.argv[2:]):
+    picks = []
+    for a in sys.argv[2:]:
+        if a == 'last':
+            big = [i for i, f in enumerate(fw) if len(f) > 50]
+            if big:
+                picks += [big[-1]] + ([big[-1] + 1] if big[-1] + 1 < len(fw) else [])
+        else:
+            picks.append(int(a))
+    for i in picks:
         f = fw[i]
         shape = collections.OrderedDict()
         for k in f:
