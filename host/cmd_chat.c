@@ -203,6 +203,7 @@ int cmd_chat(int argc, char **argv)
         rc.kv_memory = s.cfg->kv_memory_bytes;
         rc.kv_dtype = s.cfg->kv_dtype;
         rc.no_graphs = !s.cfg->sched_graphs;
+        rc.overlap = s.cfg->sched_overlap;
         st = runner_create(&rc, &s.runner);
     }
     if (!st && system_text) st = push_msg(&s, "system", system_text, strlen(system_text));

@@ -456,6 +456,7 @@ int cmd_generate(int argc, char **argv)
     rc_cfg.kv_memory = s.cfg->kv_memory_bytes;
     rc_cfg.kv_dtype = s.cfg->kv_dtype;
     rc_cfg.no_graphs = !s.cfg->sched_graphs;
+    rc_cfg.overlap = s.cfg->sched_overlap;
     if (runner_create(&rc_cfg, &s.runner) != BERTH_OK) goto out_fail;
 
     if (runner_generate(s.runner, a.prompt, a.n_prompt, &a.gen, s.logits,

@@ -426,7 +426,16 @@ static void interpret(struct parse_state *ps, const struct cfg_section *sec, con
             take_int(ps, sn, key, v, 1, INT32_MAX, &cfg->sched_max_seqs);
         else if (strcmp(key, "graphs") == 0)
             take_bool(ps, sn, key, v, &cfg->sched_graphs);
-        else
+        else if (strcmp(key, "overlap") == 0) {
+            int b;
+            if (strcmp(v, "auto") == 0)
+                cfg->sched_overlap = 0;
+            else if (parse_bool(v, &b))
+                cfg->sched_overlap = b ? 1 : -1;
+            else
+                fail_at(ps, BERTH_E_INVALID, ps->line,
+                        "[%s] %s: '%s' is not auto or a boolean (true/false, yes/no, on/off, 1/0)", sn, key, v);
+        } else
             unknown_key(ps, sn, key);
         return;
     case SEC_SERVER:

@@ -67,6 +67,7 @@ struct berth_config {
     int sched_max_batch_tokens;/* [scheduler] max_batch_tokens, default 512 */
     int sched_max_seqs;        /* [scheduler] max_seqs, default 64 */
     int sched_graphs;          /* [scheduler] graphs: replay decode steps as backend graphs when possible, default 1 */
+    int sched_overlap;         /* [scheduler] overlap: 0 auto (default), 1 true, -1 false (runner.h, "Overlap") */
     char *server_host;         /* [server] host, default 127.0.0.1 */
     int server_port;           /* [server] port, default 8080 */
 

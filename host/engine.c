@@ -365,6 +365,7 @@ berth_status berth_engine_create(const berth_engine_config *c, berth_engine **ou
     rc.kv_memory = kv_memory;
     rc.kv_dtype = e->cfg->kv_dtype;
     rc.no_graphs = !e->cfg->sched_graphs;
+    rc.overlap = e->cfg->sched_overlap;
     rc.state_snapshots = 2 * rc.max_seqs;
     if ((st = runner_create(&rc, &e->runner))) goto fail;
     e->info = *runner_info(e->runner);

@@ -45,9 +45,30 @@ struct runner {
     int staged;
     berth_buffer *stage[2];
     char *stage_ptr[2];
-    int64_t stage_used_at[2]; /* value of `syncs` when the mirror was last filled; -1 = never */
+    int64_t stage_serial[2];  /* the step whose metadata the mirror last held; 0 = never used */
     int stage_cur;
     int64_t syncs;            /* stream syncs the runner has made */
+    int64_t serial;           /* steps started (runner_step calls that enqueued work) */
+    int64_t done_serial;      /* every step up to this one has finished on the device */
+
+    /* Sampled outputs, one slot per step that may be in flight (runner.h, "Overlap"): on an asynchronous backend
+     * with events and staging memory they land in a pinned mirror by an asynchronous copy and an event marks
+     * their arrival; otherwise they are downloaded at once into host arrays. */
+    int feed;                 /* runner_can_feed */
+    int32_t fed_rows;         /* rows the last sample launch left in meta's ids section */
+    int async_out;            /* the pinned-mirror path */
+    struct out_slot {
+        berth_buffer *stage;  /* async_out: pinned, laid out as meta's off_ids..off_top_lp section */
+        char *ptr;
+        berth_event *ev;
+        int32_t *ids, *top_ids; /* !async_out: host copies */
+        int32_t *row_ntop;    /* top logprobs each row asked for */
+        float *lp, *top_lp;
+        int32_t n_rows, n_top;
+        int want_lp;
+        int64_t serial;       /* the step these rows belong to; 0 = empty */
+        int launched;
+    } out[RUNNER_SAMPLE_SLOTS];
     struct kv_seq_span *spans;
     berth_kv_group_batch *gb;
 
@@ -149,11 +170,16 @@ static void free_host_meta(struct runner *r)
 
 static void setup_staging(struct runner *r, uint64_t bytes);
 static berth_status stage_select(struct runner *r);
+static berth_status alloc_out_slots(struct runner *r);
+static void free_out_slots(struct runner *r);
 
 static berth_status sync_stream(struct runner *r)
 {
     berth_status st = r->be->vt->stream_sync(r->be->be, r->stream);
-    if (!st) r->syncs++;
+    if (!st) {
+        r->syncs++;
+        r->done_serial = r->serial;
+    }
     return st;
 }
 
@@ -246,25 +272,27 @@ static void setup_staging(struct runner *r, uint64_t bytes)
             return;
         }
         r->stage_ptr[k] = p;
-        r->stage_used_at[k] = -1;
+        r->stage_serial[k] = 0;
     }
     free_host_meta(r);
     r->staged = 1;
     r->stage_cur = 1;
     (void)stage_select(r); /* cannot fail: no mirror was used yet */
+    r->stage_serial[0] = r->stage_serial[1] = 0;
 }
 
-/* Point the h_* arrays of the coming step into the next mirror, after making sure its last copies are done. */
+/* Point the h_* arrays of the coming step into the next mirror, after making sure its last copies are done: the
+ * step that used it has finished (a stream sync or a collected sample since says so), else wait for the stream. */
 static berth_status stage_select(struct runner *r)
 {
     if (!r->staged) return BERTH_OK;
     int k = 1 - r->stage_cur;
-    if (r->stage_used_at[k] >= 0 && r->stage_used_at[k] == r->syncs) {
+    if (r->stage_serial[k] > r->done_serial) {
         berth_status st = sync_stream(r);
         if (st) return fail_with_backend(st, "stream sync");
     }
     r->stage_cur = k;
-    r->stage_used_at[k] = r->syncs;
+    r->stage_serial[k] = r->serial + 1; /* the step about to be built */
     char *base = r->stage_ptr[k];
     r->h_tokens = (int32_t *)(base + r->off_tokens);
     r->h_positions = (int32_t *)(base + r->off_positions);
@@ -381,6 +409,8 @@ berth_status runner_create(const struct runner_config *cfg, struct runner **out)
     if (st) goto fail;
     st = alloc_states(r);
     if (st) goto fail;
+    st = alloc_out_slots(r);
+    if (st) goto fail;
     uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
     uint64_t max_rows = LOGITS_BUDGET_BYTES / row_bytes;
     if (max_rows < 1) max_rows = 1;
@@ -416,6 +446,7 @@ void runner_free(struct runner *r)
     drop_graphs(r);
     free(r->graph);
     free(r->graph_seen);
+    free_out_slots(r);
     if (r->logits) be->vt->buffer_free(be->be, r->logits);
     if (r->meta) be->vt->buffer_free(be->be, r->meta);
     kv_cache_free(r->kv);
@@ -575,10 +606,22 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     if (total > r->max_tokens)
         return berth_fail(BERTH_E_INVALID, "a step of %lld tokens exceeds [scheduler] max_batch_tokens = %d",
                           (long long)total, (int)r->max_tokens);
+    int n_fed = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         const struct runner_seq_step *s = &steps[i];
         int32_t len = kv_seq_len(r->kv, s->seq);
-        for (int32_t k = 0; k < s->n; k++)
+        if (!s->ids) {
+            /* fed from the device: the last sample launch's row feed_row (runner.h, "Overlap") */
+            if (!r->feed)
+                return berth_fail(BERTH_E_INVALID, "sequence %d: a step fed from the device needs overlap (the "
+                                  "model's h_tokens_optional and the backend's sample op)", (int)s->seq);
+            if (s->n != 1 || s->feed_row < 0 || s->feed_row >= r->fed_rows)
+                return berth_fail(BERTH_E_INVALID, "sequence %d: a fed step takes 1 token from a sampled row in "
+                                  "0..%d (got %d tokens from row %d)", (int)s->seq, (int)r->fed_rows - 1, (int)s->n,
+                                  (int)s->feed_row);
+            n_fed++;
+        }
+        for (int32_t k = 0; s->ids && k < s->n; k++)
             if (s->ids[k] < 0 || s->ids[k] >= r->info.vocab_size)
                 return berth_fail(BERTH_E_INVALID, "token id %d at position %d is outside the vocabulary (size %d)",
                                   (int)s->ids[k], (int)(len + k), (int)r->info.vocab_size);
@@ -598,6 +641,7 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
 
     berth_status sst = stage_select(r);
     if (sst) return sst;
+    r->serial++;
 
     /* Reserve KV blocks, then lay the step out. */
     int32_t n_logits = 0, max_q = 0, max_kv = 0, tok = 0;
@@ -613,7 +657,7 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         r->h_kv_len[i] = start + s->n;
         r->h_state_slots[i] = s->seq;
         for (int32_t k = 0; k < s->n; k++) {
-            r->h_tokens[tok + k] = s->ids[k];
+            r->h_tokens[tok + k] = s->ids ? s->ids[k] : 0; /* fed: overwritten on the device below */
             r->h_positions[tok + k] = start + k;
         }
         if (s->logits == RUNNER_LOGITS_ALL)
@@ -648,6 +692,20 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         return st;
     if (r->layout.n_states > 0 && (st = upload(r, r->off_state_slots, r->h_state_slots, (uint64_t)n_seqs * 4)))
         return st;
+    /* Fed rows: the sampled ids still on the device, in stream order after the upload above (runs of consecutive
+     * rows in one copy; a steady decode batch is one run). */
+    for (int32_t i = 0; i < n_real && n_fed > 0;) {
+        if (steps[i].ids) {
+            i++;
+            continue;
+        }
+        int32_t j = i + 1;
+        while (j < n_real && !steps[j].ids && steps[j].feed_row == steps[j - 1].feed_row + 1) j++;
+        st = r->be->vt->buffer_copy(r->be->be, r->stream, r->meta, r->off_tokens + (uint64_t)r->h_q_start[i] * 4,
+                                    r->meta, r->off_ids + (uint64_t)steps[i].feed_row * 4, (uint64_t)(j - i) * 4);
+        if (st) return fail_with_backend(st, "cannot feed the sampled tokens");
+        i = j;
+    }
 
     /* A graph replays with the block table's shape it was recorded with: a power-of-two width level. */
     int32_t width = kv_batch_table_width(r->kv, r->spans, n_real), graph_key = 0;
@@ -691,7 +749,7 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         b.state_slots = tensor_1d(r->meta, r->off_state_slots, BERTH_DTYPE_I32, n_seqs);
         b.h_state_slots = r->h_state_slots;
     }
-    b.h_tokens = r->h_tokens;
+    b.h_tokens = n_fed > 0 ? NULL : r->h_tokens;
     b.h_positions = r->h_positions;
     b.h_seq_q_start = r->h_q_start;
     b.h_seq_kv_len = r->h_kv_len;
@@ -715,7 +773,9 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
             r->stats.decode_steps++, n_dec++;
         else
             r->stats.prefill_tokens += steps[i].n;
-        /* The step's K/V are written (in stream order): its full blocks may now serve later prefixes. */
+        /* The step's K/V are written (in stream order): its full blocks may now serve later prefixes. A fed
+         * row's id is not known yet: the caller publishes it (runner_seq_publish) once collected. */
+        if (!steps[i].ids) continue;
         st = kv_seq_publish(r->kv, steps[i].seq, r->spans[i].start, steps[i].ids, steps[i].n);
         if (st) return st;
     }
@@ -750,7 +810,7 @@ berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, i
         int last = done + m == n;
         struct runner_seq_step s = {seq, ids + done, m,
                                     want_all_logits ? RUNNER_LOGITS_ALL : last ? RUNNER_LOGITS_LAST : RUNNER_LOGITS_NONE,
-                                    0};
+                                    0, 0};
         st = runner_step(r, &s, 1);
         if (st) break;
         if (logits_out && want_all_logits)
@@ -769,7 +829,7 @@ berth_status runner_prefill(struct runner *r, int32_t seq, const int32_t *ids, i
 berth_status runner_decode(struct runner *r, int32_t seq, int32_t token, float *logits_out)
 {
     double t0 = now_seconds();
-    struct runner_seq_step s = {seq, &token, 1, RUNNER_LOGITS_LAST, 1};
+    struct runner_seq_step s = {seq, &token, 1, RUNNER_LOGITS_LAST, 1, 0};
     berth_status st = runner_step(r, &s, 1);
     if (!st && logits_out) st = runner_logits(r, 0, 1, logits_out);
     r->stats.decode_seconds += now_seconds() - t0;
@@ -821,6 +881,94 @@ static berth_status check_sampling(const struct runner_sampling *sp, int32_t row
 berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
                                    const uint64_t *counters, int32_t *ids, struct runner_sample_out *out)
 {
+    berth_status st = runner_sample_launch(r, RUNNER_SLOT_NOW, first, n_rows, sp, counters, out != NULL);
+    return st ? st : runner_sample_collect(r, RUNNER_SLOT_NOW, ids, out);
+}
+
+/* Bytes of the sampled-output section of meta (off_ids .. end of off_top_lp): what a slot's mirror holds. */
+static uint64_t out_section_bytes(const struct runner *r)
+{
+    return r->off_top_lp + (uint64_t)r->max_seqs * RUNNER_MAX_TOP_LOGPROBS * 4 - r->off_ids;
+}
+
+/* Sampled outputs' slots (struct runner): pinned mirrors + events on an asynchronous backend that has both, else
+ * host arrays filled by synchronous downloads. Overlap needs the former on an asynchronous backend. */
+static berth_status alloc_out_slots(struct runner *r)
+{
+    const berth_backend_vtable *vt = r->be->vt;
+    const int async = r->be->device && (r->be->device->caps & BERTH_CAP_ASYNC);
+    const int have_events = BERTH_HAS(vt, berth_backend_vtable, event_sync) && vt->event_create &&
+                            vt->event_destroy && vt->event_record && vt->event_sync;
+    r->async_out = async && have_events && vt->buffer_host_ptr;
+    for (int k = 0; k < RUNNER_SAMPLE_SLOTS && r->async_out; k++) {
+        struct out_slot *o = &r->out[k];
+        void *p = NULL;
+        if (vt->buffer_alloc(r->be->be, out_section_bytes(r), BERTH_USAGE_STAGING, &o->stage) != BERTH_OK)
+            o->stage = NULL;
+        if (!o->stage || vt->buffer_host_ptr(r->be->be, o->stage, &p) != BERTH_OK || !p ||
+            vt->event_create(r->be->be, &o->ev) != BERTH_OK)
+            r->async_out = 0;
+        o->ptr = p;
+    }
+    if (!r->async_out) {
+        berth_clear_error();
+        for (int k = 0; k < RUNNER_SAMPLE_SLOTS; k++) {
+            struct out_slot *o = &r->out[k];
+            if (o->stage) vt->buffer_free(r->be->be, o->stage);
+            if (o->ev) vt->event_destroy(r->be->be, o->ev);
+            o->stage = NULL, o->ev = NULL, o->ptr = NULL;
+        }
+    }
+    size_t S = (size_t)r->max_seqs;
+    for (int k = 0; k < RUNNER_SAMPLE_SLOTS; k++)
+        if (!(r->out[k].row_ntop = malloc(S * sizeof *r->out[k].row_ntop)))
+            return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    for (int k = 0; k < RUNNER_SAMPLE_SLOTS && !r->async_out; k++) {
+        struct out_slot *o = &r->out[k];
+        o->ids = malloc(S * sizeof *o->ids);
+        o->lp = malloc(S * sizeof *o->lp);
+        o->top_ids = malloc(S * RUNNER_MAX_TOP_LOGPROBS * sizeof *o->top_ids);
+        o->top_lp = malloc(S * RUNNER_MAX_TOP_LOGPROBS * sizeof *o->top_lp);
+        if (!o->ids || !o->lp || !o->top_ids || !o->top_lp) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    }
+    /* Feeding sampled ids back on the device: the model must take a batch without h_tokens, and on an asynchronous
+     * backend the outputs must arrive without a stream sync (else nothing overlaps: off unless asked for). */
+    const berth_ops *ops = r->be->ops;
+    int can = BERTH_HAS(&r->info, berth_model_info, h_tokens_optional) && r->info.h_tokens_optional && ops &&
+              BERTH_HAS(ops, berth_ops, sample) && ops->sample;
+    if (r->cfg.overlap < 0) can = 0;
+    if (r->cfg.overlap == 0 && !(async && r->async_out)) can = 0; /* auto: only where it overlaps something */
+    if (async && !r->async_out) can = 0;
+    r->feed = can;
+    return BERTH_OK;
+}
+
+static void free_out_slots(struct runner *r)
+{
+    const berth_backend_vtable *vt = r->be->vt;
+    for (int k = 0; k < RUNNER_SAMPLE_SLOTS; k++) {
+        struct out_slot *o = &r->out[k];
+        if (o->stage) vt->buffer_free(r->be->be, o->stage);
+        if (o->ev) vt->event_destroy(r->be->be, o->ev);
+        free(o->ids), free(o->lp), free(o->top_ids), free(o->top_lp), free(o->row_ntop);
+        memset(o, 0, sizeof *o);
+    }
+}
+
+int runner_can_feed(const struct runner *r) { return r->feed; }
+
+berth_status runner_seq_publish(struct runner *r, int32_t seq, int32_t start, const int32_t *ids, int32_t n)
+{
+    return kv_seq_publish(r->kv, seq, start, ids, n);
+}
+
+berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int32_t n_rows,
+                                  const struct runner_sampling *sp, const uint64_t *counters, int want_lp)
+{
+    if (slot < 0 || slot >= RUNNER_SAMPLE_SLOTS)
+        return berth_fail(BERTH_E_INVALID, "runner: sample slot %d is not in 0..%d", slot, RUNNER_SAMPLE_SLOTS - 1);
+    struct out_slot *o = &r->out[slot];
+    o->launched = 0;
     if (first < 0 || n_rows < 1 || first + n_rows > r->n_logits || n_rows > r->max_seqs)
         return berth_fail(BERTH_E_INVALID, "cannot sample rows %d..%d: the last step made %d logit rows", (int)first,
                           (int)(first + n_rows - 1), (int)r->n_logits);
@@ -829,24 +977,36 @@ berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_ro
     for (int32_t i = 0; i < n_rows; i++) {
         berth_status st = check_sampling(&sp[i], i);
         if (st) return st;
-        if (out && sp[i].n_top > n_top) n_top = sp[i].n_top;
+        if (want_lp && sp[i].n_top > n_top) n_top = sp[i].n_top;
         if (uses_penalties(&sp[i])) n_hist += sp[i].n_history;
+        o->row_ntop[i] = sp[i].n_top;
     }
     if (n_top > r->info.vocab_size) n_top = r->info.vocab_size;
+    o->n_rows = n_rows;
+    o->n_top = n_top;
+    o->want_lp = want_lp;
+    o->serial = r->serial;
     const berth_ops *ops = r->be->ops;
     int have_sample = ops && BERTH_HAS(ops, berth_ops, sample) && ops->sample;
     if (!have_sample) {
+        /* Greedy on the host (synchronous); the ids go in the slot's host arrays (never async_out: no sample op,
+         * no overlap, but the mirrors may exist — read them from ids_host below). */
         for (int32_t i = 0; i < n_rows; i++) {
             const char *dev = r->be->device ? r->be->device->name : "?";
             if (sp[i].temperature > 0)
                 return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
                                   dev);
-            if (uses_penalties(&sp[i]) || out)
+            if (uses_penalties(&sp[i]) || want_lp)
                 return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: no penalties or logprobs",
                                   dev);
-            berth_status st = host_argmax(r, first + i, &ids[i]);
+        }
+        int32_t *dst = r->async_out ? (int32_t *)o->ptr : o->ids;
+        for (int32_t i = 0; i < n_rows; i++) {
+            berth_status st = host_argmax(r, first + i, &dst[i]);
             if (st) return st;
         }
+        o->launched = 2; /* done, nothing to wait for */
+        r->fed_rows = 0; /* nothing on the device to feed from */
         return BERTH_OK;
     }
     /* One call for every row: per-row parameters side by side, histories concatenated. */
@@ -855,11 +1015,8 @@ berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_ro
     int32_t *top_k = malloc(n * sizeof *top_k), *hist_start = calloc(n + 1, sizeof *hist_start);
     int32_t *hist = malloc((size_t)(n_hist > 0 ? n_hist : 1) * sizeof *hist);
     uint64_t *seed = malloc(n * sizeof *seed);
-    float *lp = out ? malloc(n * sizeof *lp) : NULL;
-    int32_t *tid = n_top > 0 ? malloc(n * (size_t)n_top * sizeof *tid) : NULL;
-    float *tlp = n_top > 0 ? malloc(n * (size_t)n_top * sizeof *tlp) : NULL;
-    if (!fl || !top_k || !hist_start || !hist || !seed || (out && !lp) || (n_top > 0 && (!tid || !tlp))) {
-        free(fl), free(top_k), free(hist_start), free(hist), free(seed), free(lp), free(tid), free(tlp);
+    if (!fl || !top_k || !hist_start || !hist || !seed) {
+        free(fl), free(top_k), free(hist_start), free(hist), free(seed);
         return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     }
     float *temperature = fl, *top_p = fl + n, *min_p = fl + 2 * n, *rep = fl + 3 * n, *presence = fl + 4 * n,
@@ -900,39 +1057,75 @@ berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_ro
     uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
     p.logits = tensor_2d(r->logits, (uint64_t)first * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, n_rows);
     p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, n_rows);
-    if (out) p.logprob = tensor_1d(r->meta, r->off_lp, BERTH_DTYPE_F32, n_rows);
+    if (want_lp) p.logprob = tensor_1d(r->meta, r->off_lp, BERTH_DTYPE_F32, n_rows);
     if (n_top > 0) {
         p.top_ids = tensor_2d(r->meta, r->off_top_ids, BERTH_DTYPE_I32, n_top, n_rows);
         p.top_logprobs = tensor_2d(r->meta, r->off_top_lp, BERTH_DTYPE_F32, n_top, n_rows);
     }
     const berth_backend_vtable *vt = r->be->vt;
     berth_status st = ops->sample(r->be->be, r->stream, &p);
-    if (st) {
-        st = fail_with_backend(st, "sampling failed");
-    } else {
-        st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_ids, ids, n * sizeof *ids);
-        if (!st && out) st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_lp, lp, n * sizeof *lp);
-        if (!st && n_top > 0)
-            st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_ids, tid, n * (size_t)n_top * 4);
-        if (!st && n_top > 0)
-            st = vt->buffer_download(r->be->be, r->stream, r->meta, r->off_top_lp, tlp, n * (size_t)n_top * 4);
-        if (!st) st = sync_stream(r);
-        if (st) st = fail_with_backend(st, "cannot read the sampled tokens");
+    free(fl), free(top_k), free(hist_start), free(hist), free(seed); /* the op read them before returning */
+    if (st) return fail_with_backend(st, "sampling failed");
+    r->fed_rows = n_rows;
+    /* The outputs to the slot: into its pinned mirror (same offsets as meta, less off_ids) with asynchronous copies
+     * and an event after them, or downloaded now. */
+    struct {
+        uint64_t off;
+        void *host;
+        uint64_t bytes;
+    } part[4] = {{r->off_ids, o->ids, n * 4},
+                 {r->off_lp, o->lp, want_lp ? n * 4 : 0},
+                 {r->off_top_ids, o->top_ids, n * (uint64_t)n_top * 4},
+                 {r->off_top_lp, o->top_lp, n * (uint64_t)n_top * 4}};
+    for (int k = 0; k < 4 && !st; k++) {
+        if (!part[k].bytes) continue;
+        if (r->async_out)
+            st = vt->buffer_copy(r->be->be, r->stream, o->stage, part[k].off - r->off_ids, r->meta, part[k].off,
+                                 part[k].bytes);
+        else
+            st = vt->buffer_download(r->be->be, r->stream, r->meta, part[k].off, part[k].host, part[k].bytes);
     }
-    for (size_t i = 0; !st && out && i < n; i++) {
-        out[i].logprob = lp[i];
-        out[i].n_top = sp[i].n_top < n_top ? sp[i].n_top : n_top;
-        for (int32_t k = 0; k < out[i].n_top; k++) {
-            out[i].top_ids[k] = tid[i * (size_t)n_top + (size_t)k];
-            out[i].top_logprobs[k] = tlp[i * (size_t)n_top + (size_t)k];
+    if (!st) st = r->async_out ? vt->event_record(r->be->be, r->stream, o->ev) : sync_stream(r);
+    if (st) return fail_with_backend(st, "cannot read the sampled tokens");
+    o->launched = 1;
+    return BERTH_OK;
+}
+
+berth_status runner_sample_collect(struct runner *r, int slot, int32_t *ids, struct runner_sample_out *out)
+{
+    if (slot < 0 || slot >= RUNNER_SAMPLE_SLOTS || !r->out[slot].launched)
+        return berth_fail(BERTH_E_INVALID, "runner: sample slot %d holds no launched sample", slot);
+    struct out_slot *o = &r->out[slot];
+    const int32_t *rid = o->ids;
+    const float *rlp = o->lp;
+    const int32_t *rtid = o->top_ids;
+    const float *rtlp = o->top_lp;
+    if (r->async_out) {
+        if (o->launched == 1) {
+            berth_status st = r->be->vt->event_sync(r->be->be, o->ev);
+            if (st) return fail_with_backend(st, "cannot read the sampled tokens");
+            if (o->serial > r->done_serial) r->done_serial = o->serial;
+        }
+        rid = (const int32_t *)o->ptr;
+        rlp = (const float *)(o->ptr + (r->off_lp - r->off_ids));
+        rtid = (const int32_t *)(o->ptr + (r->off_top_ids - r->off_ids));
+        rtlp = (const float *)(o->ptr + (r->off_top_lp - r->off_ids));
+    }
+    o->launched = 0;
+    const size_t n = (size_t)o->n_rows, n_top = (size_t)o->n_top;
+    for (size_t i = 0; i < n; i++)
+        if (rid[i] < 0 || rid[i] >= r->info.vocab_size)
+            return berth_fail(BERTH_E_BACKEND, "the backend's sample op returned token %d, outside the vocabulary "
+                              "(size %d)", (int)rid[i], (int)r->info.vocab_size);
+    memcpy(ids, rid, n * sizeof *ids);
+    for (size_t i = 0; out && o->want_lp && i < n; i++) {
+        out[i].logprob = rlp[i];
+        out[i].n_top = (size_t)o->row_ntop[i] < n_top ? o->row_ntop[i] : (int32_t)n_top;
+        for (size_t k = 0; k < (size_t)out[i].n_top; k++) {
+            out[i].top_ids[k] = rtid[i * n_top + k];
+            out[i].top_logprobs[k] = rtlp[i * n_top + k];
         }
     }
-    free(fl), free(top_k), free(hist_start), free(hist), free(seed), free(lp), free(tid), free(tlp);
-    if (st) return st;
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < 0 || ids[i] >= r->info.vocab_size)
-            return berth_fail(BERTH_E_BACKEND, "the backend's sample op returned token %d, outside the vocabulary "
-                              "(size %d)", (int)ids[i], (int)r->info.vocab_size);
     return BERTH_OK;
 }
 

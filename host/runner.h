@@ -35,6 +35,7 @@ struct runner_config {
                                        * F16, or -1 = the backend's preferred_kv_dtype */
     int32_t state_snapshots;          /* state-snapshot slots for prefix caching of recurrent models (0: none) */
     int32_t no_graphs;                /* 1: never replay decode steps as backend graphs ([scheduler] graphs = false) */
+    int32_t overlap;                  /* [scheduler] overlap: 0 auto, 1 true, -1 false (runner.h, "Overlap") */
 };
 
 /* Load the model (berth_load_params: act F32, KV as cfg->kv_dtype resolves), size the KV cache, create a stream and the metadata and
@@ -73,10 +74,11 @@ void runner_seq_abandon(struct runner *r, int32_t seq, int32_t cached);
 #define RUNNER_LOGITS_ALL 2
 struct runner_seq_step {
     int32_t seq;
-    const int32_t *ids;   /* n new tokens, appended at positions [len, len + n) */
+    const int32_t *ids;   /* n new tokens, appended at positions [len, len + n); NULL: fed (see "Overlap") */
     int32_t n;
     int32_t logits;       /* RUNNER_LOGITS_*: which of its rows get logits */
     int32_t is_decode;    /* counts as a decode step (else as n prefill tokens) */
+    int32_t feed_row;     /* ids == NULL: the one token is row feed_row of the last runner_sample_launch */
 };
 
 /* One forward() over the given sequences (total tokens <= max_batch_tokens, one entry per distinct sequence).
@@ -136,6 +138,27 @@ berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows,
  * support greedy rows without penalties or logprobs only. */
 berth_status runner_sample_rows_lp(struct runner *r, int32_t first, int32_t n_rows, const struct runner_sampling *sp,
                                    const uint64_t *counters, int32_t *ids, struct runner_sample_out *out);
+
+/* Overlap: the host prepares and enqueues step N+1 while step N still runs.
+ *   runner_sample_launch(slot) enqueues the sample op over the last step's logit rows and the copies of its
+ *   outputs, without waiting; runner_sample_collect(slot) waits for exactly that work (a backend event) and reads
+ *   them. A following runner_step may take a row's token straight from the device (ids NULL, feed_row = the row
+ *   of the latest launch): it never passes through the host, and the step goes out with h_tokens NULL, so the
+ *   model must say it takes that (berth_model_info.h_tokens_optional). The caller publishes a fed token to the
+ *   prefix cache (runner_seq_publish) once it has collected it. runner_can_feed says whether feeding works:
+ *   [scheduler] overlap = auto (asynchronous backends with events and pinned staging memory), true (also
+ *   synchronous ones, where it overlaps nothing: tests), false (never). Slots 0 and 1 are the caller's, one per
+ *   step in flight; runner_sample_rows* use RUNNER_SLOT_NOW. */
+#define RUNNER_SAMPLE_SLOTS 3
+#define RUNNER_SLOT_NOW 2
+int runner_can_feed(const struct runner *r);
+/* want_lp: fill runner_sample_out at collect (each row's sp.n_top best too). */
+berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int32_t n_rows,
+                                  const struct runner_sampling *sp, const uint64_t *counters, int want_lp);
+/* ids[n_rows] of the launch; out (may be NULL) receives the logprobs when the launch wanted them. */
+berth_status runner_sample_collect(struct runner *r, int slot, int32_t *ids, struct runner_sample_out *out);
+/* Record tokens of seq at [start, start + n) for the prefix cache (kv_seq_publish), for fed rows. */
+berth_status runner_seq_publish(struct runner *r, int32_t seq, int32_t start, const int32_t *ids, int32_t n);
 
 #define RUNNER_FINISH_LENGTH "length"
 #define RUNNER_FINISH_STOP "stop"

@@ -38,6 +38,17 @@ struct plan_item {
     int logits;
 };
 
+/* A step whose sample is launched but not collected (overlap, runner.h): its rows' requests in sample order. A
+ * request that finishes meanwhile (cancel, or a stop found while collecting the step before) leaves NULL. */
+struct inflight {
+    int active;
+    int slot;                /* runner sample slot, 0 or 1 */
+    int32_t n_rows;
+    int want_lp;
+    struct req **rq;         /* [max_seqs] */
+    int32_t *pos;            /* [max_seqs] position of the row's token when it was fed (chained steps), else -1 */
+};
+
 struct scheduler {
     struct runner *r;
     struct kv_cache *kv;
@@ -51,6 +62,8 @@ struct scheduler {
     uint64_t *row_ctr;
     int32_t *row_ids;
     int32_t *need_sum, *need;
+    struct inflight infl[2];
+    int newest;              /* infl[newest] is the last launched step when active */
     struct sched_stats stats;
 };
 
@@ -79,7 +92,15 @@ berth_status sched_create(struct runner *r, const struct sched_callbacks *cb, st
     s->row_ids = calloc(S, sizeof *s->row_ids);
     s->need_sum = calloc(G, sizeof *s->need_sum);
     s->need = calloc(G, sizeof *s->need);
-    if (!s->plan || !s->steps || !s->row_sp || !s->row_lp || !s->row_ctr || !s->row_ids || !s->need_sum || !s->need) {
+    int infl_ok = 1;
+    for (int k = 0; k < 2; k++) {
+        s->infl[k].slot = k;
+        s->infl[k].rq = calloc(S, sizeof *s->infl[k].rq);
+        s->infl[k].pos = calloc(S, sizeof *s->infl[k].pos);
+        infl_ok = infl_ok && s->infl[k].rq && s->infl[k].pos;
+    }
+    if (!s->plan || !s->steps || !s->row_sp || !s->row_lp || !s->row_ctr || !s->row_ids || !s->need_sum || !s->need ||
+        !infl_ok) {
         sched_free(s);
         return berth_fail(BERTH_E_NOMEM, "scheduler: out of host memory");
     }
@@ -103,6 +124,10 @@ void sched_free(struct scheduler *s)
     free(s->row_ids);
     free(s->need_sum);
     free(s->need);
+    for (int k = 0; k < 2; k++) {
+        free(s->infl[k].rq);
+        free(s->infl[k].pos);
+    }
     free(s);
 }
 
@@ -154,6 +179,11 @@ static int32_t find_req(const struct scheduler *s, const struct req *q)
 /* Finish q: free its KV, report, drop it. */
 static void finish(struct scheduler *s, struct req *q, const char *why, berth_status st, const char *msg)
 {
+    /* Its rows of steps in flight are dropped when collected. Freeing its KV while such a step still runs is
+     * safe: every later use of those blocks is enqueued after it on the same stream. */
+    for (int k = 0; k < 2; k++)
+        for (int32_t i = 0; s->infl[k].active && i < s->infl[k].n_rows; i++)
+            if (s->infl[k].rq[i] == q) s->infl[k].rq[i] = NULL;
     if (q->seq >= 0) runner_seq_free(s->r, q->seq);
     q->seq = -1;
     if (strcmp(why, SCHED_FINISH_CANCEL) == 0)
@@ -469,9 +499,161 @@ static berth_status fork_samples(struct scheduler *s, struct req *q, int32_t row
     return BERTH_OK;
 }
 
+/* ---- overlap (runner.h, "Overlap") ---- */
+
+static int q_uses_penalties(const struct req *q)
+{
+    float rep = q->sp.repetition_penalty == 0.0f ? 1.0f : q->sp.repetition_penalty;
+    return rep != 1.0f || q->sp.presence_penalty != 0.0f || q->sp.frequency_penalty != 0.0f;
+}
+
+static int32_t infl_row_of(const struct inflight *f, const struct req *q)
+{
+    for (int32_t i = 0; f->active && i < f->n_rows; i++)
+        if (f->rq[i] == q) return i;
+    return -1;
+}
+
+/* Fail every request with a row in f (the step's sample could not be launched or read). */
+static void fail_inflight(struct scheduler *s, struct inflight *f, berth_status st)
+{
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", berth_last_error());
+    for (int32_t i = 0; f->active && i < f->n_rows; i++)
+        if (f->rq[i]) finish(s, f->rq[i], SCHED_FINISH_ERROR, st, msg);
+    f->active = 0;
+}
+
+/* Sample the last step's logit rows (plan order) into slot f, without waiting: f goes in flight. */
+static berth_status launch_sample(struct scheduler *s, struct inflight *f, struct req *const *rqs, const int32_t *pos,
+                                  int32_t rows, int chained)
+{
+    int want_lp = 0;
+    for (int32_t i = 0; i < rows; i++) {
+        struct req *q = rqs[i];
+        want_lp |= q->logprobs;
+        s->row_sp[i] = row_sampling(q);
+        /* the position the token takes: after the token still in flight when chained */
+        s->row_ctr[i] = (uint64_t)q->n_toks + (chained ? 1u : 0u);
+        f->rq[i] = q;
+        f->pos[i] = pos ? pos[i] : -1;
+    }
+    f->n_rows = rows;
+    f->want_lp = want_lp;
+    berth_status st = runner_sample_launch(s->r, f->slot, 0, rows, s->row_sp, s->row_ctr, want_lp);
+    f->active = 1;
+    s->newest = (int)(f - s->infl);
+    return st;
+}
+
+/* Collect f: each row's token to its request (which may finish it), and, for a request that has a row in the other
+ * step in flight (fed with exactly this token), that token to the prefix cache. */
+static void collect(struct scheduler *s, struct inflight *f)
+{
+    struct inflight *g = &s->infl[1 - (int)(f - s->infl)];
+    berth_status st = runner_sample_collect(s->r, f->slot, s->row_ids, f->want_lp ? s->row_lp : NULL);
+    if (st) {
+        fail_inflight(s, f, st);
+        return;
+    }
+    for (int32_t i = 0; i < f->n_rows; i++) {
+        struct req *q = f->rq[i];
+        if (!q) continue;
+        int32_t tok = s->row_ids[i];
+        int32_t j = infl_row_of(g, q);
+        take_token(s, q, tok, f->want_lp ? &s->row_lp[i] : NULL); /* may finish q (and clear its row j) */
+        if (j >= 0 && g->rq[j] == q) {
+            st = runner_seq_publish(s->r, q->seq, g->pos[j], &tok, 1);
+            if (st) {
+                char msg[512];
+                snprintf(msg, sizeof msg, "%s", berth_last_error());
+                finish(s, q, SCHED_FINISH_ERROR, st, msg);
+            }
+        }
+    }
+    f->active = 0;
+}
+
+/* Step N+1 of the requests decoding in f (step N, in flight) before f's tokens are known: each feeds its token
+ * from the device. Only when that is exactly the step the planner would make: no request waiting (admission
+ * needs a plan), every running request decoding in f, no penalties (their history lacks the token in flight),
+ * and the KV blocks at hand. Requests whose token in f is their last (max_new) get no row. 1 when launched. */
+static int chain(struct scheduler *s, struct inflight *f, int *failed)
+{
+    *failed = 0;
+    if (!runner_can_feed(s->r)) return 0;
+    int32_t alive = 0, running = 0;
+    for (int32_t i = 0; i < f->n_rows; i++) alive += f->rq[i] != NULL;
+    for (int32_t i = 0; i < s->n_reqs; i++) {
+        const struct req *q = s->reqs[i];
+        if (q->state != RQ_RUNNING) return 0;
+        if (q_uses_penalties(q)) return 0;
+        running++;
+    }
+    if (running != alive || alive == 0) return 0;
+    int32_t n = 0;
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need_sum[g] = 0;
+    for (int32_t i = 0; i < f->n_rows; i++) {
+        struct req *q = f->rq[i];
+        if (!q || q->n_gen + 1 >= q->max_new) continue;
+        compute_need(s, q, 1);
+        add_need(s);
+        s->plan[n].rq = q;
+        s->plan[n].n = 1;
+        s->plan[n].logits = 1;
+        s->steps[n].seq = q->seq;
+        s->steps[n].ids = NULL;
+        s->steps[n].n = 1;
+        s->steps[n].logits = RUNNER_LOGITS_LAST;
+        s->steps[n].is_decode = 1;
+        s->steps[n].feed_row = i;
+        n++;
+    }
+    if (n == 0) return 0;
+    for (int32_t g = 0; g < kv_n_groups(s->kv); g++)
+        if (s->need_sum[g] > kv_blocks_available(s->kv, g)) return 0;
+    berth_status st = runner_step(s->r, s->steps, n);
+    s->stats.steps++;
+    struct inflight *h = &s->infl[1 - (int)(f - s->infl)];
+    if (st) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", berth_last_error());
+        for (int32_t i = 0; i < n; i++) finish(s, s->plan[i].rq, SCHED_FINISH_ERROR, st, msg);
+        *failed = 1;
+        return 1;
+    }
+    s->stats.decode_rows += n;
+    s->stats.chained_steps++;
+    for (int32_t i = 0; i < n; i++) {
+        struct req *q = s->plan[i].rq;
+        h->rq[i] = q;
+        h->pos[i] = q->n_fed;
+        q->n_fed += 1;
+        if (q->n_fed > q->n_fed_max) q->n_fed_max = q->n_fed;
+    }
+    st = launch_sample(s, h, h->rq, h->pos, n, 1);
+    if (st) {
+        fail_inflight(s, h, st);
+        *failed = 1;
+    }
+    return 1;
+}
+
 berth_status sched_step(struct scheduler *s, int *did_work)
 {
     *did_work = 0;
+    /* A step in flight: launch the next one from it when nothing else needs planning, then collect it (its
+     * tokens arrive while the new step runs); else collect it and plan normally. */
+    struct inflight *f = &s->infl[s->newest];
+    if (f->active) {
+        *did_work = 1;
+        int failed = 0;
+        if (chain(s, f, &failed)) {
+            collect(s, f);
+            return BERTH_OK;
+        }
+        collect(s, f);
+    }
     int32_t n_plan = build_plan(s);
     if (n_plan == 0) return BERTH_OK;
     *did_work = 1;
@@ -485,6 +667,7 @@ berth_status sched_step(struct scheduler *s, int *did_work)
         s->steps[i].n = p->n;
         s->steps[i].logits = p->logits ? RUNNER_LOGITS_LAST : RUNNER_LOGITS_NONE;
         s->steps[i].is_decode = is_decode;
+        s->steps[i].feed_row = 0;
         if (is_decode)
             n_dec++;
         else
@@ -521,6 +704,18 @@ berth_status sched_step(struct scheduler *s, int *did_work)
         }
     }
     if (rows == 0) return BERTH_OK;
+    int forks = 0;
+    for (int32_t i = 0; i < n_plan; i++) forks |= s->plan[i].logits && s->plan[i].rq->n_samples > 1;
+    if (runner_can_feed(s->r) && !forks) {
+        /* Leave the sample in flight: the next call chains the following step to it or collects it. */
+        struct inflight *nf = &s->infl[1 - s->newest];
+        int32_t k = 0;
+        for (int32_t i = 0; i < n_plan; i++)
+            if (s->plan[i].logits) nf->rq[k++] = s->plan[i].rq;
+        st = launch_sample(s, nf, nf->rq, NULL, rows, 0);
+        if (st) fail_inflight(s, nf, st);
+        return BERTH_OK;
+    }
     st = runner_sample_rows_lp(s->r, 0, rows, s->row_sp, s->row_ctr, s->row_ids, want_lp ? s->row_lp : NULL);
     if (!st) {
         /* Forks first (they sample the parent's row, still in the logits buffer), then the tokens. */

@@ -82,6 +82,7 @@ struct sched_stats {
     int64_t mixed_steps;       /* steps with both decode rows and prefill tokens */
     int64_t preemptions;
     int64_t forks;
+    int64_t chained_steps;     /* steps launched before the previous step's tokens were read (overlap) */
     int64_t finished, cancelled, failed;
     int32_t running, waiting;  /* now */
 };

@@ -283,7 +283,7 @@ _Static_assert(offsetof(berth_ops, gated_delta) == 104, "berth_ops.gated_delta m
 _Static_assert(offsetof(berth_ops, gated_rms_norm) == 112, "berth_ops.gated_rms_norm moved");
 _Static_assert(offsetof(berth_ops, log_softmax_topk) == 120, "berth_ops.log_softmax_topk moved");
 _Static_assert(offsetof(berth_ops, sample) == 128, "berth_ops.sample moved");
-_Static_assert(sizeof(berth_backend_vtable) == 176, "berth_backend_vtable size changed");
+_Static_assert(sizeof(berth_backend_vtable) == 208, "berth_backend_vtable size changed");
 _Static_assert(offsetof(berth_backend_vtable, struct_size) == 0, "berth_backend_vtable.struct_size moved");
 _Static_assert(offsetof(berth_backend_vtable, probe) == 8, "berth_backend_vtable.probe moved");
 _Static_assert(offsetof(berth_backend_vtable, device_info) == 16, "berth_backend_vtable.device_info moved");
@@ -306,6 +306,10 @@ _Static_assert(offsetof(berth_backend_vtable, graph_begin) == 144, "berth_backen
 _Static_assert(offsetof(berth_backend_vtable, graph_end) == 152, "berth_backend_vtable.graph_end moved");
 _Static_assert(offsetof(berth_backend_vtable, graph_launch) == 160, "berth_backend_vtable.graph_launch moved");
 _Static_assert(offsetof(berth_backend_vtable, graph_destroy) == 168, "berth_backend_vtable.graph_destroy moved");
+_Static_assert(offsetof(berth_backend_vtable, event_create) == 176, "berth_backend_vtable.event_create moved");
+_Static_assert(offsetof(berth_backend_vtable, event_destroy) == 184, "berth_backend_vtable.event_destroy moved");
+_Static_assert(offsetof(berth_backend_vtable, event_record) == 192, "berth_backend_vtable.event_record moved");
+_Static_assert(offsetof(berth_backend_vtable, event_sync) == 200, "berth_backend_vtable.event_sync moved");
 _Static_assert(sizeof(berth_backend_api) == 40, "berth_backend_api size changed");
 _Static_assert(offsetof(berth_backend_api, struct_size) == 0, "berth_backend_api.struct_size moved");
 _Static_assert(offsetof(berth_backend_api, device_index) == 4, "berth_backend_api.device_index moved");
@@ -313,7 +317,7 @@ _Static_assert(offsetof(berth_backend_api, vt) == 8, "berth_backend_api.vt moved
 _Static_assert(offsetof(berth_backend_api, ops) == 16, "berth_backend_api.ops moved");
 _Static_assert(offsetof(berth_backend_api, be) == 24, "berth_backend_api.be moved");
 _Static_assert(offsetof(berth_backend_api, device) == 32, "berth_backend_api.device moved");
-_Static_assert(sizeof(berth_model_info) == 136, "berth_model_info size changed");
+_Static_assert(sizeof(berth_model_info) == 140, "berth_model_info size changed");
 _Static_assert(offsetof(berth_model_info, struct_size) == 0, "berth_model_info.struct_size moved");
 _Static_assert(offsetof(berth_model_info, vocab_size) == 4, "berth_model_info.vocab_size moved");
 _Static_assert(offsetof(berth_model_info, n_layers) == 8, "berth_model_info.n_layers moved");
@@ -326,6 +330,7 @@ _Static_assert(offsetof(berth_model_info, is_encoder_decoder) == 60, "berth_mode
 _Static_assert(offsetof(berth_model_info, decoder_start_id) == 64, "berth_model_info.decoder_start_id moved");
 _Static_assert(offsetof(berth_model_info, arch) == 68, "berth_model_info.arch moved");
 _Static_assert(offsetof(berth_model_info, graph_safe) == 132, "berth_model_info.graph_safe moved");
+_Static_assert(offsetof(berth_model_info, h_tokens_optional) == 136, "berth_model_info.h_tokens_optional moved");
 _Static_assert(sizeof(berth_kv_group_desc) == 60, "berth_kv_group_desc size changed");
 _Static_assert(offsetof(berth_kv_group_desc, struct_size) == 0, "berth_kv_group_desc.struct_size moved");
 _Static_assert(offsetof(berth_kv_group_desc, kind) == 4, "berth_kv_group_desc.kind moved");

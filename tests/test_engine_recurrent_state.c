@@ -260,9 +260,9 @@ START_TEST(test_concurrent_mixed)
         fill_ids(h[k], 16, 10 + (uint32_t)k);
     }
     /* Step 1: three prefill chunks (all rows of 0 and 1, the last row of 2). */
-    struct runner_seq_step st1[3] = {{seq[0], h[0], 5, RUNNER_LOGITS_ALL, 0},
-                                     {seq[1], h[1], 3, RUNNER_LOGITS_ALL, 0},
-                                     {seq[2], h[2], 2, RUNNER_LOGITS_LAST, 0}};
+    struct runner_seq_step st1[3] = {{seq[0], h[0], 5, RUNNER_LOGITS_ALL, 0, 0},
+                                     {seq[1], h[1], 3, RUNNER_LOGITS_ALL, 0, 0},
+                                     {seq[2], h[2], 2, RUNNER_LOGITS_LAST, 0, 0}};
     ck_assert_msg(runner_step(r, st1, 3) == BERTH_OK, "%s", berth_last_error());
     ck_assert_int_eq(runner_n_logits(r), 9);
     float rows[16 * V];
@@ -272,9 +272,9 @@ START_TEST(test_concurrent_mixed)
     expect_counts(rows + 8 * V, h[2], 2, "step 1 seq 2", 1);
     n[0] = 5, n[1] = 3, n[2] = 2;
     /* Step 2: decode rows beside a prefill chunk, sequences out of id order. */
-    struct runner_seq_step st2[3] = {{seq[2], h[2] + 2, 1, RUNNER_LOGITS_LAST, 1},
-                                     {seq[1], h[1] + 3, 4, RUNNER_LOGITS_ALL, 0},
-                                     {seq[0], h[0] + 5, 1, RUNNER_LOGITS_LAST, 1}};
+    struct runner_seq_step st2[3] = {{seq[2], h[2] + 2, 1, RUNNER_LOGITS_LAST, 1, 0},
+                                     {seq[1], h[1] + 3, 4, RUNNER_LOGITS_ALL, 0, 0},
+                                     {seq[0], h[0] + 5, 1, RUNNER_LOGITS_LAST, 1, 0}};
     ck_assert_msg(runner_step(r, st2, 3) == BERTH_OK, "%s", berth_last_error());
     ck_assert_int_eq(runner_n_logits(r), 6);
     ck_assert_int_eq(runner_logits(r, 0, 6, rows), BERTH_OK);
@@ -306,7 +306,7 @@ START_TEST(test_fork_diverges)
     for (int32_t i = 6; i < 10; i++) {
         pa[i] = (pa[i - 1] + 1) % V;
         pb[i] = (pa[i - 1] + 7) % V;
-        struct runner_seq_step st[2] = {{a, &pa[i], 1, RUNNER_LOGITS_LAST, 1}, {b, &pb[i], 1, RUNNER_LOGITS_LAST, 1}};
+        struct runner_seq_step st[2] = {{a, &pa[i], 1, RUNNER_LOGITS_LAST, 1, 0}, {b, &pb[i], 1, RUNNER_LOGITS_LAST, 1, 0}};
         ck_assert_msg(runner_step(r, st, 2) == BERTH_OK, "%s", berth_last_error());
         ck_assert_int_eq(runner_logits(r, 0, 2, rows), BERTH_OK);
         expect_counts(rows, pa, i + 1, "parent after fork", i);
@@ -403,7 +403,7 @@ START_TEST(test_prefix_snapshots)
     saved0 = kc->snapshots_saved;
     ck_assert_int_eq(runner_seq_new(r, &a), BERTH_OK);
     for (int32_t i = 0; i < 12; i += 4) {
-        struct runner_seq_step st = {a, T + i, 4, RUNNER_LOGITS_NONE, 0};
+        struct runner_seq_step st = {a, T + i, 4, RUNNER_LOGITS_NONE, 0, 0};
         ck_assert_msg(runner_step(r, &st, 1) == BERTH_OK, "%s", berth_last_error());
     }
     runner_seq_free(r, a);
@@ -438,7 +438,7 @@ START_TEST(test_prefix_snapshot_fallback)
     int32_t a;
     ck_assert_int_eq(runner_seq_new(r, &a), BERTH_OK);
     for (int32_t i = 0; i < 12; i += 4) {
-        struct runner_seq_step st = {a, T + i, 4, RUNNER_LOGITS_NONE, 0};
+        struct runner_seq_step st = {a, T + i, 4, RUNNER_LOGITS_NONE, 0, 0};
         ck_assert_msg(runner_step(r, &st, 1) == BERTH_OK, "%s", berth_last_error());
     }
     runner_seq_free(r, a);

@@ -70,6 +70,7 @@ static void open_seqs(int32_t max_seqs, struct g4_session *s)
     rc.max_seqs = max_seqs;
     rc.kv_block_size = 4;
     rc.kv_memory = s->cfg->kv_memory_bytes;
+    rc.overlap = s->cfg->sched_overlap;
     ck_assert_msg(runner_create(&rc, &s->r) == BERTH_OK, "%s", berth_last_error());
 }
 

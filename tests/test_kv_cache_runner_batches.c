@@ -406,21 +406,21 @@ START_TEST(test_two_sequences_in_one_step)
 
     ck_assert_int_eq(runner_seq_new(r, &sa), BERTH_OK);
     ck_assert_int_eq(runner_seq_new(r, &sb), BERTH_OK);
-    struct runner_seq_step steps[2] = {{sa, a, NA, RUNNER_LOGITS_ALL, 0}, {sb, b, NB, RUNNER_LOGITS_ALL, 0}};
+    struct runner_seq_step steps[2] = {{sa, a, NA, RUNNER_LOGITS_ALL, 0, 0}, {sb, b, NB, RUNNER_LOGITS_ALL, 0, 0}};
     ck_assert_int_eq(runner_step(r, steps, 2), BERTH_OK);
     ck_assert_int_eq(runner_n_logits(r), NA + NB);
     ck_assert_int_eq(runner_logits(r, 0, NA + NB, got), BERTH_OK);
     assert_rows_equal(ra, got, NA, "seq a in a pair");
     assert_rows_equal(rb, got + NA * VOCAB, NB, "seq b in a pair");
     /* Then one decode row each, in reverse order. */
-    struct runner_seq_step dec[2] = {{sb, b + NB, 1, RUNNER_LOGITS_LAST, 1}, {sa, a + NA, 1, RUNNER_LOGITS_LAST, 1}};
+    struct runner_seq_step dec[2] = {{sb, b + NB, 1, RUNNER_LOGITS_LAST, 1, 0}, {sa, a + NA, 1, RUNNER_LOGITS_LAST, 1, 0}};
     ck_assert_int_eq(runner_step(r, dec, 2), BERTH_OK);
     ck_assert_int_eq(runner_logits(r, 0, 2, step2), BERTH_OK);
     assert_rows_equal(rb + NB * VOCAB, step2, 1, "decode b");
     assert_rows_equal(ra + NA * VOCAB, step2 + VOCAB, 1, "decode a");
     ck_assert_int_eq(runner_stats(r)->decode_steps, 2);
 
-    struct runner_seq_step twice[2] = {{sa, a, 1, RUNNER_LOGITS_LAST, 1}, {sa, a, 1, RUNNER_LOGITS_LAST, 1}};
+    struct runner_seq_step twice[2] = {{sa, a, 1, RUNNER_LOGITS_LAST, 1, 0}, {sa, a, 1, RUNNER_LOGITS_LAST, 1, 0}};
     ck_assert_int_eq(runner_step(r, twice, 2), BERTH_E_INVALID);
     ck_assert_str_eq(berth_last_error(), "sequence 0 appears twice in one step");
     ck_assert_int_eq(runner_logits(r, 0, 1, step2), BERTH_E_INVALID);

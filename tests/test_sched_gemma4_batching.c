@@ -69,6 +69,7 @@ static void open_batch(const char *dir, int32_t max_seqs, uint64_t kv_memory, st
     rc.max_seqs = max_seqs;
     rc.kv_block_size = BLOCK;
     rc.kv_memory = kv_memory ? kv_memory : s->cfg->kv_memory_bytes;
+    rc.overlap = s->cfg->sched_overlap; /* the overlap variant's config forces it on (runner.h, "Overlap") */
     ck_assert_msg(runner_create(&rc, &s->r) == BERTH_OK, "%s: %s", dir, berth_last_error());
 }
 
@@ -165,6 +166,12 @@ START_TEST(test_batching)
     check_against_alone(&f, o, ref, nr);
     const struct sched_stats *st = sched_stats(sc);
     ck_assert_int_gt(st->mixed_steps, 0);
+    /* Overlap: decode steps went out before their tokens were read whenever the runner can feed them. */
+    if (many.cfg->sched_overlap > 0) ck_assert(runner_can_feed(many.r));
+    if (runner_can_feed(many.r))
+        ck_assert_int_gt(st->chained_steps, 0);
+    else
+        ck_assert_int_eq(st->chained_steps, 0);
     ck_assert_int_eq(st->finished, nr);
     ck_assert_int_eq(st->decode_rows, (int64_t)nr * (GEN - 1));
     int64_t prompt_sum = 0;

@@ -29,6 +29,7 @@ extern "C" {
 
 typedef struct berth_backend berth_backend; /* one initialised device of one backend */
 typedef struct berth_graph berth_graph;     /* a recorded sequence of ops (BERTH_CAP_GRAPHS) */
+typedef struct berth_event berth_event;     /* a point in a stream's order (event_*, 0.3) */
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Capabilities (bits of berth_device_info.caps). Bit values fixed forever. */
@@ -526,6 +527,15 @@ typedef struct berth_backend_vtable {
     berth_status (*graph_end)(berth_backend *be, berth_stream *s, berth_graph **out);
     berth_status (*graph_launch)(berth_backend *be, berth_stream *s, berth_graph *g);
     void (*graph_destroy)(berth_backend *be, berth_graph *g);
+    /* (optional, BERTH_CAP_ASYNC backends; all four or none, 0.3) Events: event_record marks the point in s's
+     * order after everything enqueued on s so far; event_sync waits for exactly that work — not for work enqueued
+     * later — so the host can read one step's results while the next step runs. Recording an event again moves
+     * its mark. event_sync on an event never recorded returns at once. A synchronous backend (no
+     * BERTH_CAP_ASYNC) leaves them NULL: its work is done when each call returns. event_destroy accepts NULL. */
+    berth_status (*event_create)(berth_backend *be, berth_event **out);
+    void (*event_destroy)(berth_backend *be, berth_event *e);
+    berth_status (*event_record)(berth_backend *be, berth_stream *s, berth_event *e);
+    berth_status (*event_sync)(berth_backend *be, berth_event *e);
     /* ABI 1.0: fields above. Append below only. */
 } berth_backend_vtable;
 

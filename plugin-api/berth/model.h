@@ -47,6 +47,12 @@ typedef struct berth_model_info {
      * A replayed step does not call forward(), so plugin counters do not see it. Default (older plugin): 0.
      * (ABI 1.0) */
     int32_t graph_safe;
+    /* 1 when forward() accepts a batch whose h_tokens is NULL: the ids are then only in batch.tokens on the device,
+     * fed there from the previous step's sample op without a round trip through the host (the host prepares step
+     * N+1 while step N still runs). Every such id came from sampling this model's logits, so it is in
+     * [0, vocab_size); a plugin that needs more (a smaller embedding table) leaves this 0. Default (older plugin):
+     * 0, and the host always passes h_tokens. (0.3) */
+    int32_t h_tokens_optional;
     /* ABI 1.0: fields above. Append below only. */
 } berth_model_info;
 
@@ -151,6 +157,7 @@ typedef struct berth_batch {
     berth_tensor seq_kv_len;  /* ne {n_seqs} i32: keys per sequence after this step */
     berth_tensor logit_rows;  /* ne {n_logits} i32: token indices whose logits are wanted, ascending */
     berth_tensor state_slots; /* ne {n_seqs} i32, or absent when the model has no states */
+    /* h_tokens is NULL when the ids are on the device only (berth_model_info.h_tokens_optional, 0.3) */
     const int32_t *h_tokens, *h_positions, *h_seq_q_start, *h_seq_kv_len, *h_logit_rows;
     int32_t n_kv_groups;      /* = memory_layout.n_kv_groups */
     int32_t n_states;

@@ -808,10 +808,76 @@ static void cuda_graph_destroy(berth_backend *be, berth_graph *g)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// Events: the runner records one after a step's sampled ids are copied to pinned memory and waits on it while the
+// next step runs (overlap). No timing: cheaper to record and to wait on.
+
+struct berth_event {
+    cudaEvent_t ev;
+    int recorded;
+};
+
+static berth_status cuda_event_create(berth_backend *be, berth_event **out)
+{
+    if (!out)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: event_create: out is NULL");
+    *out = NULL;
+    berth_status st = cu_enter(be);
+    if (st != BERTH_OK)
+        return st;
+    berth_event *e = (berth_event *)calloc(1, sizeof *e);
+    if (!e)
+        return cu_fail(be->host, BERTH_E_NOMEM, "cuda: event_create: out of host memory");
+    st = cu_check(be, cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming), "cudaEventCreate");
+    if (st != BERTH_OK) {
+        free(e);
+        return st;
+    }
+    *out = e;
+    return BERTH_OK;
+}
+
+static void cuda_event_destroy(berth_backend *be, berth_event *e)
+{
+    if (!e)
+        return;
+    (void)cudaSetDevice(be->device);
+    (void)cudaEventDestroy(e->ev);
+    (void)cudaGetLastError();
+    free(e);
+}
+
+static berth_status cuda_event_record(berth_backend *be, berth_stream *s, berth_event *e)
+{
+    if (!s || !e)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: event_record: stream or event is NULL");
+    if (be->capturing)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: event_record: not allowed while a graph is being recorded");
+    berth_status st = cu_enter(be);
+    if (st != BERTH_OK)
+        return st;
+    st = cu_check(be, cudaEventRecord(e->ev, s->cs), "cudaEventRecord");
+    if (st == BERTH_OK)
+        e->recorded = 1;
+    return st;
+}
+
+static berth_status cuda_event_sync(berth_backend *be, berth_event *e)
+{
+    if (!e)
+        return cu_fail(be->host, BERTH_E_INVALID, "cuda: event_sync: event is NULL");
+    if (!e->recorded)
+        return BERTH_OK;
+    berth_status st = cu_enter(be);
+    if (st != BERTH_OK)
+        return st;
+    return cu_check(be, cudaEventSynchronize(e->ev), "cudaEventSynchronize");
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // Descriptor.
 
 static const berth_backend_vtable cuda_vtable = {
-    .struct_size = BERTH_SIZE_TO(berth_backend_vtable, graph_destroy),
+    .struct_size = BERTH_SIZE_TO(berth_backend_vtable, event_sync),
     .probe = cuda_probe,
     .device_info = cuda_device_info,
     .init = cuda_init,
@@ -833,6 +899,10 @@ static const berth_backend_vtable cuda_vtable = {
     .graph_end = cuda_graph_end,
     .graph_launch = cuda_graph_launch,
     .graph_destroy = cuda_graph_destroy,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_sync = cuda_event_sync,
 };
 
 static const berth_plugin_desc cuda_desc = {

@@ -93,8 +93,9 @@ START_TEST(descriptor_is_complete)
     ck_assert_uint_eq(d->required_services, BERTH_SVC_LOG);
     const berth_backend_vtable *vt = (const berth_backend_vtable *)d->vtable;
     ck_assert_ptr_nonnull(vt);
-    ck_assert_uint_eq(vt->struct_size, BERTH_SIZE_TO(berth_backend_vtable, graph_destroy));
+    ck_assert_uint_eq(vt->struct_size, BERTH_SIZE_TO(berth_backend_vtable, event_sync));
     ck_assert(vt->graph_begin && vt->graph_end && vt->graph_launch && vt->graph_destroy);
+    ck_assert(vt->event_create && vt->event_destroy && vt->event_record && vt->event_sync);
     ck_assert(vt->probe && vt->device_info && vt->init && vt->destroy && vt->supports && vt->get_ops);
     ck_assert(vt->stream_create && vt->stream_destroy && vt->stream_sync);
     ck_assert(vt->buffer_alloc && vt->buffer_free && vt->buffer_upload && vt->buffer_download);
@@ -285,6 +286,47 @@ START_TEST(gpu_staging_host_ptr)
 END_TEST
 
 /* A recorded fill + copy replays with whatever the source holds at launch time. */
+/* An event waits for the work recorded before it, not for later work: the fill copied to pinned memory before the
+ * record is there after event_sync; an event never recorded syncs at once; NULLs are refused with a message. */
+START_TEST(gpu_event_marks_stream_order)
+{
+    enum { N = 1 << 20 };
+    berth_stream *s = NULL;
+    berth_buffer *stage = NULL, *dev = NULL;
+    berth_event *e = NULL, *never = NULL;
+    unsigned char *p = NULL;
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_STAGING, &stage), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, N, BERTH_USAGE_ACTIVATIONS, &dev), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_host_ptr(g_be, stage, (void **)&p), BERTH_OK);
+    ck_assert_int_eq(g_vt->event_create(g_be, &e), BERTH_OK);
+    ck_assert_int_eq(g_vt->event_create(g_be, &never), BERTH_OK);
+    ck_assert_int_eq(g_vt->event_sync(g_be, never), BERTH_OK);
+    for (int round = 0; round < 3; round++) {
+        memset(p, 0, N);
+        ck_assert_int_eq(g_vt->buffer_fill(g_be, s, dev, 0, (uint8_t)(0x11 * (round + 1)), N), BERTH_OK);
+        ck_assert_int_eq(g_vt->buffer_copy(g_be, s, stage, 0, dev, 0, N), BERTH_OK);
+        ck_assert_int_eq(g_vt->event_record(g_be, s, e), BERTH_OK);
+        /* later work on the stream, which the event does not cover */
+        ck_assert_int_eq(g_vt->buffer_fill(g_be, s, dev, 0, 0xee, N), BERTH_OK);
+        ck_assert_int_eq(g_vt->event_sync(g_be, e), BERTH_OK);
+        ck_assert_uint_eq(p[0], 0x11 * (round + 1));
+        ck_assert_uint_eq(p[N - 1], 0x11 * (round + 1));
+    }
+    ck_assert_int_eq(g_vt->stream_sync(g_be, s), BERTH_OK);
+    ck_assert_int_eq(g_vt->event_record(g_be, NULL, e), BERTH_E_INVALID);
+    ck_assert_str_eq(last_error, "cuda: event_record: stream or event is NULL");
+    ck_assert_int_eq(g_vt->event_sync(g_be, NULL), BERTH_E_INVALID);
+    ck_assert_str_eq(last_error, "cuda: event_sync: event is NULL");
+    g_vt->event_destroy(g_be, e);
+    g_vt->event_destroy(g_be, never);
+    g_vt->event_destroy(g_be, NULL);
+    g_vt->buffer_free(g_be, stage);
+    g_vt->buffer_free(g_be, dev);
+    g_vt->stream_destroy(g_be, s);
+}
+END_TEST
+
 START_TEST(gpu_graph_replays_with_new_contents)
 {
     enum { N = 4096 };
@@ -443,6 +485,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, gpu_op_table);
         tcase_add_test(tc, gpu_graph_replays_with_new_contents);
         tcase_add_test(tc, gpu_staging_host_ptr);
+        tcase_add_test(tc, gpu_event_marks_stream_order);
         tcase_add_test(tc, gpu_buffers_round_trip);
         tcase_add_test(tc, gpu_range_and_argument_errors);
         tcase_add_test(tc, gpu_out_of_memory_is_reported_and_recoverable);

@@ -122,6 +122,9 @@ static berth_status g4_info(const berth_model *m, berth_model_info *out)
     /* forward() enqueues the same ops for the same batch shape whatever the contents (gemma4_forward.c): the
      * host may record a decode step in a graph and replay it. */
     v.graph_safe = 1;
+    /* Ids are read only on the device (embedding and per-layer-embedding gathers); h_tokens serves check_batch.
+     * Sampled ids are < vocab, which must then also bound the per-layer table. */
+    v.h_tokens_optional = c->ple_dim == 0 || c->ple_vocab >= c->vocab;
     /* Write only what the caller's struct holds. */
     size_t n = out->struct_size < sizeof v ? out->struct_size : sizeof v;
     memcpy(out, &v, n);

@@ -592,10 +592,15 @@ static berth_status check_batch(const berth_model *m, const berth_batch *b)
     if (b->n_kv_groups != c->n_kv_groups || (c->n_kv_groups > 0 && !b->kv))
         return g4_fail(h, BERTH_E_INVALID, "gemma4: batch has %d KV groups, the model declared %d", b->n_kv_groups,
                        c->n_kv_groups);
-    if (!b->h_tokens || !b->h_positions || !b->h_seq_q_start || (b->n_logits > 0 && !b->h_logit_rows))
-        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch lacks its host copies (h_tokens, h_positions, ...)");
+    /* h_tokens may be NULL (model_info.h_tokens_optional): the ids were sampled on the device from this model's
+     * logits, so they are below vocab, and info() only allows it when that also bounds the per-layer table. */
+    if (!b->h_positions || !b->h_seq_q_start || (b->n_logits > 0 && !b->h_logit_rows))
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch lacks its host copies (h_positions, h_seq_q_start, ...)");
+    if (!b->h_tokens && c->ple_dim > 0 && c->ple_vocab < c->vocab)
+        return g4_fail(h, BERTH_E_INVALID, "gemma4: batch has no h_tokens, which this checkpoint needs "
+                       "(vocab_size_per_layer_input %d < vocab_size %d)", c->ple_vocab, c->vocab);
     for (int t = 0; t < T; t++) {
-        int32_t id = b->h_tokens[t];
+        int32_t id = b->h_tokens ? b->h_tokens[t] : 0;
         if (id < 0 || id >= c->vocab || (c->ple_dim > 0 && id >= c->ple_vocab))
             return g4_fail(h, BERTH_E_INVALID, "gemma4: token id %d at batch row %d is outside the vocabulary (%d)",
                            (int)id, t, c->ple_dim > 0 && c->ple_vocab < c->vocab ? c->ple_vocab : c->vocab);
