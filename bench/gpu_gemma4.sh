@@ -211,15 +211,16 @@ if has ncu && has berth && [ "$berth_failed" = 0 ]; then
     awk '{print} /^\[scheduler\]/{print "graphs = false"}' "$config" >"$nog"
     grep -q '^\[scheduler\]' "$nog" || printf '[scheduler]\ngraphs = false\n' >>"$nog"
     # Decode steps at the benchmark's context (prompt $plen): attention cost grows with it.
-    for job in "ttft:1:$ttft_len:1" "c1:1:$plen:3" "c8:8:$plen:3" "c32:32:$plen:3"; do
-        IFS=: read -r name c p g <<<"$job"
+    # (8 new tokens: the batch decodes a few steps all together after the last prefill; 'fullest' picks one)
+    for job in "ttft:1:$ttft_len:1:last" "c1:1:$plen:3:last" "c8:8:$plen:8:fullest" "c32:32:$plen:8:fullest"; do
+        IFS=: read -r name c p g pick <<<"$job"
         timeout "$berth_timeout" "$ncu" --metrics gpu__time_duration.sum --csv --print-units base \
             --cache-control none --clock-control none --log-file "$work/ncu-$name.csv" \
             "$berth" bench --config "$nog" --model "$ckpt" --concurrency "$c" --prompt-len "$p" --gen-len "$g" \
             >"$work/ncu-$name.out" 2>&1
         rc=$?
         [ $rc = 0 ] || say "ncu $name: exit $rc (see $work/ncu-$name.out)"
-        "$py" tools/ncu_forwards.py "$work/ncu-$name.csv" last >"$out/ncu-$name.txt" 2>&1
+        "$py" tools/ncu_forwards.py "$work/ncu-$name.csv" "$pick" >"$out/ncu-$name.txt" 2>&1
         gzip -c "$work/ncu-$name.csv" >"$out/ncu-$name.csv.gz"
         say "ncu $name: $(head -n 1 "$out/ncu-$name.txt" | cut -c1-60) ... ($(grep -c '^forward' "$out/ncu-$name.txt") passes) -> $out/ncu-$name.txt"
     done

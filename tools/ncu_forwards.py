@@ -5,6 +5,8 @@
     tools/ncu_forwards.py run.csv            # one line per forward pass (kernels, summed kernel time)
     tools/ncu_forwards.py run.csv 2 8        # breakdowns of passes 2 and 8: per kernel name, then per launch shape
     tools/ncu_forwards.py run.csv last       # breakdowns of the last forward (> 50 kernels) and of its logits head
+    tools/ncu_forwards.py run.csv fullest    # the slowest decode pass (the fewest kernels among forwards of > 50
+                                             # kernels: no prefill chunk; the slowest: the fullest batch) + head
 
 A pass starts at a get_rows kernel that follows a kernel of another kind (the embedding lookup); the logits
 head (get_rows of the logit rows, norm, LM head, sampling) therefore shows as a short pass of its own after each
@@ -50,8 +52,11 @@ def main():
         print(f"forward {i}: {len(f)} kernels, {sum(k[3] for k in f):.1f} us")
     picks = []
     for a in sys.argv[2:]:
-        if a == 'last':
+        if a in ('last', 'fullest'):
             big = [i for i, f in enumerate(fw) if len(f) > 50]
+            if big and a == 'fullest':
+                fewest = min(len(fw[i]) for i in big)
+                big = [max((i for i in big if len(fw[i]) == fewest), key=lambda i: sum(k[3] for k in fw[i]))]
             if big:
                 picks += [big[-1]] + ([big[-1] + 1] if big[-1] + 1 < len(fw) else [])
         else:
