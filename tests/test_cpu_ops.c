@@ -933,6 +933,64 @@ START_TEST(test_rms_norm_second_output)
 }
 END_TEST
 
+/* The matmul's trailing norm (y_norm): bit-identical to matmul, then rms_norm on its y (residual, out_scale and a
+ * second output included); y_norm's x must be the product's y; no RoPE. */
+START_TEST(test_matmul_then_norm)
+{
+    const int64_t K = 96, N = 77;
+    for (int64_t M = 1; M <= 9; M += 4) {
+        struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 1), w = tt_new(BERTH_DTYPE_BF16, K, N, 1, 1, 0);
+        struct tt nw = tt_new(BERTH_DTYPE_F32, N, 1, 1, 1, 0), nw2 = tt_new(BERTH_DTYPE_F32, N, 1, 1, 1, 0);
+        struct tt r = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+        struct tt a1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), a2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+        struct tt y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+        struct tt u1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), u2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+        trand(&x.t, -2, 2);
+        trand(&w.t, -1, 1);
+        trand(&nw.t, -1, 1);
+        trand(&nw2.t, -1, 1);
+        trand(&r.t, -1, 1);
+        /* reference: two ops */
+        berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .y = a1.t};
+        CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        berth_rms_norm_params q = {.struct_size = sizeof q, .weight_mode = BERTH_NORM_W,
+                                   .resid_mode = BERTH_RESID_ADD_AFTER, .eps = 1e-6f, .x = a1.t, .w = nw.t,
+                                   .residual = r.t, .y = y1.t, .out_scale = 0.5f, .y2_weight_mode = BERTH_NORM_W,
+                                   .y2_w = nw2.t, .y2 = u1.t};
+        CHECK(ops->rms_norm(be, st, &q) == BERTH_OK, "%s", g_last_error);
+        /* one op */
+        q.x = a2.t;
+        q.y = y2.t;
+        q.y2 = u2.t;
+        p.y = a2.t;
+        p.y_norm = &q;
+        ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+        CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+        same_bits(&a2.t, &a1.t, "matmul y_norm: the product");
+        same_bits(&y2.t, &y1.t, "matmul y_norm: the norm");
+        same_bits(&u2.t, &u1.t, "matmul y_norm: the second output");
+        /* the norm's x is not the product's y */
+        q.x = a1.t;
+        expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID,
+                     "matmul: y_norm's x must be the matmul's y (same buffer, offset, dtype and shape)");
+        q.x = a2.t;
+        q.weight_mode = 9;
+        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "rms_norm: weight_mode 9 is not supported");
+        tt_free(&x);
+        tt_free(&w);
+        tt_free(&nw);
+        tt_free(&nw2);
+        tt_free(&r);
+        tt_free(&a1);
+        tt_free(&a2);
+        tt_free(&y1);
+        tt_free(&y2);
+        tt_free(&u1);
+        tt_free(&u2);
+    }
+}
+END_TEST
+
 /* A caller compiled before the 0.3 fields (struct_size up to y) gets a plain rms_norm whatever follows. */
 START_TEST(test_rms_norm_old_caller)
 {
@@ -1415,6 +1473,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_rms_norm_rope);
     tcase_add_test(tc, test_rms_norm_out_scale);
     tcase_add_test(tc, test_rms_norm_second_output);
+    tcase_add_test(tc, test_matmul_then_norm);
     tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);

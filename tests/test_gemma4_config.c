@@ -826,7 +826,7 @@ START_TEST(create_info_layout_requirements)
     /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);
-    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0, n_second = 0;
+    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0, n_second = 0, n_trailing = 0;
     for (int i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(r[i]);
         ck_assert_uint_eq(r[i]->struct_size, sizeof(berth_requirement));
@@ -855,8 +855,20 @@ START_TEST(create_info_layout_requirements)
         }
         if (r[i]->op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
             ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_F32);
-        if (r[i]->op == BERTH_OP_RMS_NORM) {
-            const berth_rms_norm_params *p = r[i]->params;
+        /* a norm is an rms_norm op or a matmul's trailing norm (y_norm: the post-norms after o_proj, down_proj
+         * and the PLE projection, whose x is the product's y) */
+        const berth_rms_norm_params *yn =
+            r[i]->op == BERTH_OP_MATMUL ? ((const berth_matmul_params *)r[i]->params)->y_norm : NULL;
+        if (yn) {
+            const berth_matmul_params *mp = r[i]->params;
+            ck_assert_int_eq(yn->x.ne[0], mp->y.ne[0]);
+            ck_assert_int_eq(yn->x.dtype, mp->y.dtype);
+            ck_assert_int_eq(yn->rope_n_pairs, 0);
+            ck_assert_msg(strstr(r[i]->what, ", then an rms_norm of y)") != NULL, "%s", r[i]->what);
+            n_trailing++;
+        }
+        if (r[i]->op == BERTH_OP_RMS_NORM || yn) {
+            const berth_rms_norm_params *p = yn ? yn : r[i]->params;
             if (p->rope_n_pairs > 0) { /* q_norm + RoPE: per head, positions per token, the type's pairs */
                 ck_assert_int_eq(p->rope_mode, BERTH_ROPE_HALF);
                 ck_assert_int_eq(p->rope_pair_offset, p->x.ne[0] / 2);
@@ -884,9 +896,14 @@ START_TEST(create_info_layout_requirements)
     /* out_scale: post_per_layer_input_norm (* layer_scalar; with the next layer's input norm as second output,
      * and without it after the last layer) and the per-layer input norm (* 2^-1/2) */
     ck_assert_int_eq(n_scaled_norms, 3);
-    /* second outputs: post_attention_layernorm (+ pre_feedforward_layernorm) and the layer's last norm (+ the next
+    /* second outputs: post_attention_layernorm (+ pre_feedforward_layernorm), a trailing norm of the o_proj
+     * products of both head dims (K = 64 and 128: two requirements), and the layer's last norm (+ the next
      * input_layernorm) */
-    ck_assert_int_eq(n_second, 2);
+    ck_assert_int_eq(n_second, 3);
+    /* trailing norms, one requirement per distinct product: o_proj (+ post_attention_layernorm) at K = 64 and
+     * 128, down_proj (+ post_feedforward_layernorm) of both MLP widths, the PLE projection (+
+     * post_per_layer_input_norm, with and without a next layer) */
+    ck_assert_int_eq(n_trailing, 6);
     int found = 0;
     for (int i = 0; i < n; i++)
         found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
@@ -1106,7 +1123,24 @@ static berth_status fb_upload(berth_backend *be, berth_stream *s, berth_buffer *
         g_ncalls++;                                                                                            \
         return BERTH_OK;                                                                                       \
     }
-FB_OP(matmul, berth_matmul_params, mm, BERTH_OP_MATMUL)
+/* A matmul with a trailing norm (y_norm) is recorded as the matmul, then that rms_norm as a call of its own: the
+ * pair means exactly that sequence. */
+static berth_status fb_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
+{
+    (void)be, (void)s;
+    ck_assert_int_lt(g_ncalls + 1, MAX_CALLS);
+    g_calls[g_ncalls].op = BERTH_OP_MATMUL;
+    g_calls[g_ncalls].p.mm = *p;
+    g_calls[g_ncalls].p.mm.y_norm = NULL; /* points into the caller's frame */
+    g_ncalls++;
+    if (p->y_norm) {
+        ck_assert_mem_eq(&p->y_norm->x, &p->y, sizeof p->y);
+        g_calls[g_ncalls].op = BERTH_OP_RMS_NORM;
+        g_calls[g_ncalls].p.rn = *p->y_norm;
+        g_ncalls++;
+    }
+    return BERTH_OK;
+}
 FB_OP(get_rows, berth_get_rows_params, gr, BERTH_OP_GET_ROWS)
 FB_OP(rms_norm, berth_rms_norm_params, rn, BERTH_OP_RMS_NORM)
 FB_OP(rope, berth_rope_params, ro, BERTH_OP_ROPE)

@@ -135,6 +135,13 @@ typedef struct berth_matmul_params {
     int32_t y_glu;
     int32_t y_glu_act;
     berth_tensor y_glu_up;
+    /* A norm after the product (ABI 0.3, appended): when struct_size covers y_norm and y_norm is not NULL, the op is
+     * this matmul followed by the rms_norm *y_norm, whose x is exactly this op's y (same buffer, offset, dtype,
+     * ne and nb) and which obeys every rms_norm rule (its own struct_size; no RoPE). One op instead of two, so a
+     * backend may finish the norm inside the product's kernel once each row of y is complete (a projection and the
+     * post-norm that adds it to the residual stream). The caller keeps *y_norm alive for the call. Default (older
+     * caller or NULL): no norm. */
+    const struct berth_rms_norm_params *y_norm;
     /* ABI 0.3: fields above. Append below only. */
 } berth_matmul_params;
 #define BERTH_GLU_NONE 0

@@ -240,5 +240,8 @@ berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmu
         cpu_pool_run(be->pool, nth, mm_glu_task, &c);
 out:
     CPU_OP_END(be);
+    /* the trailing norm (y_norm) is the rms_norm op on the finished y: bit for bit the two-op sequence */
+    if (st == BERTH_OK && opck_matmul_y_norm(p))
+        st = cpu_op_rms_norm(be, s, opck_matmul_y_norm(p));
     return st;
 }

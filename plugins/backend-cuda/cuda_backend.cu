@@ -427,7 +427,7 @@ static berth_status cuda_supports(berth_backend *be, int32_t op, const void *par
 
 static const berth_ops cuda_ops = {
     .struct_size = BERTH_SIZE_TO(berth_ops, sample),
-    .matmul = cu_op_matmul,
+    .matmul = cu_op_matmul_then_norm,
     .get_rows = cu_op_get_rows,
     .rms_norm = cu_op_rms_norm,
     .layer_norm = cu_op_layer_norm,

@@ -211,6 +211,8 @@ CU_DECLARE_OP(gated_rms_norm, berth_gated_rms_norm_params)
 CU_DECLARE_OP(log_softmax_topk, berth_log_softmax_topk_params)
 CU_DECLARE_OP(sample, berth_sample_params)
 #undef CU_DECLARE_OP
+/* The matmul member of the op table (norm.cu): cu_op_matmul, then the trailing rms_norm (y_norm) when given. */
+berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p);
 
 /* Common op prologue: exec-mode check (message through the host), then cu_enter. Used as the first line of each
  * cu_op_NAME: CU_OP_BEGIN(be, NAME, p); */

@@ -693,3 +693,12 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
                                  : cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_gated_kernel<false>, a);
     return cu_check(be, e, "gated_rms_norm kernel");
 }
+
+/* berth_matmul_params.y_norm: the product, then this file's rms_norm on its finished y (stream order makes every
+ * row complete). Both ops check their own parameters; a failing product enqueues no norm. */
+berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
+{
+    const berth_status st = cu_op_matmul(be, s, p);
+    const berth_rms_norm_params *yn = st == BERTH_OK ? opck_matmul_y_norm(p) : NULL;
+    return yn ? cu_op_rms_norm(be, s, yn) : st;
+}

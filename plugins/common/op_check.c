@@ -78,6 +78,16 @@ static bool view_extent(const berth_tensor *t, size_t es, int64_t *lo, int64_t *
     return true;
 }
 
+bool opck_same_view(const berth_tensor *a, const berth_tensor *b)
+{
+    if (a->buf != b->buf || a->offset != b->offset || a->dtype != b->dtype)
+        return false;
+    for (int i = 0; i < 4; i++)
+        if (a->ne[i] != b->ne[i] || a->nb[i] != b->nb[i])
+            return false;
+    return true;
+}
+
 bool opck_views_overlap(const berth_tensor *a, const berth_tensor *b)
 {
     if (!a->buf || a->buf != b->buf)

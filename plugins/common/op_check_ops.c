@@ -82,6 +82,19 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         return false;
     if (glu != BERTH_GLU_NONE && !check_matmul_glu(c, p, glu, N))
         return false;
+    const berth_rms_norm_params *yn = opck_matmul_y_norm(p);
+    if (yn) {
+        /* the trailing norm: an rms_norm of its own whose x is this product's y, without RoPE */
+        if (!opck_same_view(&yn->x, &p->y))
+            return opck_fail(c, BERTH_E_INVALID, "matmul: y_norm's x must be the matmul's y (same buffer, offset, "
+                             "dtype and shape)");
+        if (!opck_rms_norm(c, yn))
+            return false;
+        if (opck_rms_rope_pairs(yn) != 0)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_norm cannot apply RoPE");
+        if (p->accumulate != 0)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_norm needs accumulate 0");
+    }
     const int32_t norm = opck_matmul_norm_mode(p);
     if (norm == BERTH_NORM_W_NONE)
         return true;

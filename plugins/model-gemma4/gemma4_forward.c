@@ -8,10 +8,11 @@
  * Per layer (§3.3): input norm -> q proj (the norm is the projections' matmul prologue, here and before gate/up:
  * one op per product instead of an rms_norm op plus the product) -> q norm + RoPE (one rms_norm) -> [owners: k/v
  * proj, then kv_append with K norm + RoPE and the weightless V norm] -> attention over the cache (scale 1, causal,
- * window on sliding layers; shared layers read their source's cache) -> o proj -> post-attention norm added to
- * the residual -> pre-FF norm -> gate/up with the GELU-tanh GLU as the gate product's epilogue -> down -> post-FF
- * norm added -> PLE block (its gate product's epilogue multiplies by the per-layer input) -> * layer_scalar (the
- * out_scale of the layer's last norm). The residual stream ping-pongs between two buffers because the norm ops
+ * window on sliding layers; shared layers read their source's cache) -> o proj with the post-attention norm
+ * (added to the residual) as its trailing norm, which also writes the pre-FF norm -> gate/up with the GELU-tanh GLU
+ * as the gate product's epilogue -> down with the post-FF norm -> PLE block (its gate product's epilogue multiplies
+ * by the per-layer input; its projection carries the last norm) -> * layer_scalar (the out_scale of the layer's
+ * last norm, which also writes the next layer's input norm). The residual stream ping-pongs between two buffers because the norm ops
  * only promise y may alias x, not the residual.
  */
 #include "gemma4_model.h"
@@ -146,34 +147,43 @@ static berth_status op_rms(struct g4_step *st, berth_tensor x, const berth_tenso
 /* A post-norm y = (residual + RMSNorm(x) * w) * scale (scale 0: none) that also writes the next projection's
  * pre-norm u = RMSNorm(y) * next_w as its second output (next_w NULL: no second output), so that projection
  * reads u without a norm prologue: one op where the prologue cost the product a gather of x. */
-static berth_status op_rms_then(struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
-                                berth_tensor y, float scale, const berth_tensor *next_w, const char *site)
+static void rms_then_params(struct g4_step *st, berth_tensor x, const berth_tensor *w, const berth_tensor *residual,
+                            berth_tensor y, float scale, const berth_tensor *next_w, berth_rms_norm_params *p)
 {
-    berth_rms_norm_params p;
-    rms_params(st, x, w, residual, y, &p);
-    p.out_scale = scale;
+    rms_params(st, x, w, residual, y, p);
+    p->out_scale = scale;
     if (next_w) {
-        p.y2_weight_mode = BERTH_NORM_W;
-        p.y2_w = *next_w;
-        p.y2 = act(st, st->sc->u, y.ne[0], y.ne[1], 1);
+        p->y2_weight_mode = BERTH_NORM_W;
+        p->y2_w = *next_w;
+        p->y2 = act(st, st->sc->u, y.ne[0], y.ne[1], 1);
     }
     st->u_normed = next_w != NULL;
-    return run(st, BERTH_OP_RMS_NORM, &p, site);
+}
+
+/* a = x w^T, then the post-norm y = (residual + RMSNorm(a) * norm_w) * scale (0: none) with the next projection's
+ * pre-norm as its second output (next_w; NULL: none), as one matmul with a trailing norm (y_norm): the backend may
+ * finish the norm inside the product's kernel (no launch of its own at decode). The layer's last norm takes
+ * layer_scalar as its scale and the next layer's input norm as next_w. */
+static berth_status op_matmul_rms_then(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor a,
+                                       const berth_tensor *norm_w, const berth_tensor *residual, berth_tensor y,
+                                       float scale, const berth_tensor *next_w, const char *site)
+{
+    berth_rms_norm_params rp;
+    rms_then_params(st, a, norm_w, residual, y, scale, next_w, &rp);
+    berth_matmul_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.x = x;
+    p.w = *w;
+    p.y = a;
+    p.y_norm = &rp;
+    return run(st, BERTH_OP_MATMUL, &p, site);
 }
 
 /* The input norm of layer i + 1 (the second output of layer i's last norm), or NULL after the last layer. */
 static const berth_tensor *next_input_norm(const struct g4_step *st, int i)
 {
     return i + 1 < st->m->cfg->n_layers ? &st->m->w.layers[i + 1].input_norm : NULL;
-}
-
-/* The layer's last norm: y = (residual + RMSNorm(x) * w) * layer_scalar, the scalar as the norm's out_scale
- * (one op instead of rms_norm + a scale; 1.0 is an exact no-op for the backend), with the next layer's input norm
- * as its second output. */
-static berth_status op_rms_last(struct g4_step *st, int layer, berth_tensor x, const berth_tensor *w,
-                                const berth_tensor *residual, berth_tensor y, const char *site)
-{
-    return op_rms_then(st, x, w, residual, y, st->m->w.layers[layer].layer_scalar, next_input_norm(st, layer), site);
 }
 
 /* x = out_scale * f(in_scale * x), in place. */
@@ -363,9 +373,9 @@ static berth_status attention_block(struct g4_step *st, int i)
     p.block_table = g->block_table;
     p.kv = cache;
     if ((r = run(st, BERTH_OP_ATTENTION, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) != BERTH_OK ||
-        (r = op_matmul(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, "o_proj")) != BERTH_OK ||
-        (r = op_rms_then(st, a, &lw->post_attn_norm, &xin, xout, 0.0f, &lw->pre_ff_norm,
-                         "post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)
+        (r = op_matmul_rms_then(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, &lw->post_attn_norm, &xin, xout,
+                                0.0f, &lw->pre_ff_norm,
+                                "o_proj + post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -398,12 +408,13 @@ static berth_status mlp_block(struct g4_step *st, int i)
                                   "mlp.gate_proj")) != BERTH_OK) {
         return r;
     }
-    if ((r = op_matmul(st, gate, &lw->down_proj, a, "mlp.down_proj")) != BERTH_OK)
-        return r;
-    /* without PLE this is the layer's last norm: layer_scalar is its out_scale */
-    r = c->ple_dim > 0 ? op_rms_then(st, a, &lw->post_ff_norm, &xin, xout, 0.0f, NULL, "post_feedforward_layernorm")
-                       : op_rms_last(st, i, a, &lw->post_ff_norm, &xin, xout,
-                                     "post_feedforward_layernorm (* layer_scalar)");
+    /* the post-FF norm rides on the down product; without PLE it is the layer's last norm: layer_scalar is its
+     * out_scale and the next layer's input norm its second output */
+    r = c->ple_dim > 0 ? op_matmul_rms_then(st, gate, &lw->down_proj, a, &lw->post_ff_norm, &xin, xout, 0.0f, NULL,
+                                            "mlp.down_proj + post_feedforward_layernorm")
+                       : op_matmul_rms_then(st, gate, &lw->down_proj, a, &lw->post_ff_norm, &xin, xout,
+                                            lw->layer_scalar, next_input_norm(st, i),
+                                            "mlp.down_proj + post_feedforward_layernorm (* layer_scalar)");
     if (r != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
@@ -428,9 +439,9 @@ static berth_status ple_block(struct g4_step *st, int i)
     ple_i.nb[2] = ple_i.nb[3] = ple_i.nb[1] * T;
     if ((r = op_matmul_glu(st, xin, &lw->ple_gate, pg, NULL, BERTH_GLU_MUL, &ple_i, "per_layer_input_gate")) !=
             BERTH_OK ||
-        (r = op_matmul(st, pg, &lw->ple_proj, a, "per_layer_projection")) != BERTH_OK ||
-        (r = op_rms_last(st, i, a, &lw->ple_post_norm, &xin, xout, "post_per_layer_input_norm (* layer_scalar)")) !=
-            BERTH_OK)
+        (r = op_matmul_rms_then(st, pg, &lw->ple_proj, a, &lw->ple_post_norm, &xin, xout, lw->layer_scalar,
+                                next_input_norm(st, i),
+                                "per_layer_projection + post_per_layer_input_norm (* layer_scalar)")) != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;

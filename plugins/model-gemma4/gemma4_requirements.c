@@ -50,6 +50,8 @@ static void canon(int32_t op, void *p)
         berth_matmul_params *q = p;
         canon_tensor(&q->x), canon_tensor(&q->w), canon_tensor(&q->bias), canon_tensor(&q->y);
         canon_tensor(&q->x_norm_w), canon_tensor(&q->y_glu_up);
+        if (q->y_norm) /* the recorded copy's own trailing norm (g4_req_record) */
+            canon(BERTH_OP_RMS_NORM, (void *)q->y_norm);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -120,8 +122,9 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
         if (q->y_glu != BERTH_GLU_NONE)
             snprintf(gdesc, sizeof gdesc, ", %s GLU epilogue (%s)", act_name(q->y_glu_act),
                      q->y_glu == BERTH_GLU_HALVES ? "gate and up halves" : "times y_glu_up");
-        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s)", site, g4_dtype_name(q->w.dtype),
-                 (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc, gdesc);
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s%s)", site,
+                 g4_dtype_name(q->w.dtype), (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc, gdesc,
+                 q->y_norm ? ", then an rms_norm of y" : "");
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -173,18 +176,38 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     }
 }
 
+/* Same recorded parameters: bytes, except that a matmul's y_norm pointers are compared by what they point to. */
+static int same_params(int32_t op, const void *a, const void *b)
+{
+    if (op != BERTH_OP_MATMUL)
+        return memcmp(a, b, params_size(op)) == 0;
+    berth_matmul_params x = *(const berth_matmul_params *)a, y = *(const berth_matmul_params *)b;
+    const berth_rms_norm_params *nx = x.y_norm, *ny = y.y_norm;
+    x.y_norm = y.y_norm = NULL;
+    if (memcmp(&x, &y, sizeof x) != 0)
+        return 0;
+    return nx && ny ? memcmp(nx, ny, sizeof *nx) == 0 : nx == ny;
+}
+
 berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const char *site)
 {
     size_t sz = params_size(op);
     if (sz == 0)
         return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: recording unknown op %d", (int)op);
-    void *copy = malloc(sz);
+    /* A matmul's trailing norm is copied into the same allocation, right after it. */
+    const berth_rms_norm_params *yn = op == BERTH_OP_MATMUL ? ((const berth_matmul_params *)params)->y_norm : NULL;
+    void *copy = malloc(sz + (yn ? sizeof *yn : 0));
     if (!copy)
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
     memcpy(copy, params, sz);
+    if (yn) {
+        berth_rms_norm_params *own = (berth_rms_norm_params *)((char *)copy + sz);
+        memcpy(own, yn, sizeof *own);
+        ((berth_matmul_params *)copy)->y_norm = own;
+    }
     canon(op, copy);
     for (int i = 0; i < m->n_reqs; i++) {
-        if (m->reqs[i]->op == op && memcmp(m->req_params[i], copy, sz) == 0) {
+        if (m->reqs[i]->op == op && same_params(op, m->req_params[i], copy)) {
             free(copy);
             return BERTH_OK;
         }
