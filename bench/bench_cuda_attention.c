@@ -18,8 +18,14 @@
  * FLOPs each per head), and the largest |new - old| of the outputs (both round q and P to bf16, so they differ by
  * about that rounding, not more).
  *
+ * Decode A/B: the decode shapes run on two backend instances of the same device, A initialised with the
+ * environment as given (BERTH_CUDA_ATT_DECODE unset: attention_decode.cu's cluster kernel) and B with
+ * BERTH_CUDA_ATT_DECODE=$BENCH_DECODE_B (default old: attention.cu's split-K kernel + combine; the switch is read
+ * when a backend starts), on identical inputs; each row prints both, the graph-time ratio B / A, and the largest
+ * |A - B| of the outputs (both are fp32 throughout: above 1e-4 is reported as a MISMATCH and fails the run).
+ *
  * Usage: bench_cuda_attention [cuda-plugin.so]   (BENCH_ITERS=N: eager calls per shape, default 200;
- *        BENCH_PREFILL_ONLY=1: skip the decode shapes)
+ *        BENCH_PREFILL_ONLY=1: skip the decode shapes; BENCH_DECODE_B=old|c8|new|none: the B side, none = A only)
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -43,10 +49,25 @@
 #define REPLAYS 20
 
 static const berth_backend_vtable *vt;
-static const berth_ops *ops;
+static const berth_ops *ops; /* the side in use (use_side) */
 static berth_backend *be;
 static berth_stream *st;
 static char last_error[512];
+
+/* A backend instance with its stream; side 0 (A) and side 1 (B) of the decode A/B. */
+struct side {
+    berth_backend *be;
+    const berth_ops *ops;
+    berth_stream *st;
+};
+static struct side sides[2];
+
+static void use_side(int i)
+{
+    be = sides[i].be;
+    ops = sides[i].ops;
+    st = sides[i].st;
+}
 
 static void host_log(berth_host_ctx *ctx, int32_t level, const char *msg)
 {
@@ -134,12 +155,15 @@ static berth_buffer *make_pool(int D, int n_blocks)
     uint16_t *h = malloc(chunk);
     if (!h)
         exit(1);
+    const uint64_t saved = rng; /* the same contents for every side, the caller's sequence unchanged */
+    rng = 0x2545F4914F6CDD1Dull ^ (uint64_t)D;
     for (uint64_t i = 0; i < chunk / 2; i++) {
         const float f = randf();
         uint32_t u;
         memcpy(&u, &f, 4);
         h[i] = (uint16_t)(u >> 16);
     }
+    rng = saved;
     for (uint64_t off = 0; off < bytes; off += chunk)
         upload(b, off, h, bytes - off < chunk ? bytes - off : chunk);
     free(h);
@@ -290,6 +314,33 @@ static int bench_prefill(berth_buffer *pool, int n_blocks, const int32_t *perm, 
     return nonfinite;
 }
 
+/* Per-side device buffers of the decode shapes. */
+struct side_bufs {
+    berth_buffer *q, *o, *pos, *qs, *kv, *bt, *pool;
+};
+
+static berth_attention_params decode_params(const struct side_bufs *b, int D, int window, int n, int ctx, int bt_w,
+                                            int n_blocks)
+{
+    berth_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.mask = BERTH_MASK_CAUSAL;
+    p.window = window;
+    p.scale = 1.0f;
+    p.n_seqs = n;
+    p.max_q_len = 1;
+    p.max_kv_len = ctx;
+    p.q = tensor(b->q, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
+    p.out = tensor(b->o, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
+    p.positions = tensor(b->pos, BERTH_DTYPE_I32, 4, n, 1, 1);
+    p.seq_q_start = tensor(b->qs, BERTH_DTYPE_I32, 4, n + 1, 1, 1);
+    p.seq_kv_len = tensor(b->kv, BERTH_DTYPE_I32, 4, n, 1, 1);
+    p.block_table = tensor(b->bt, BERTH_DTYPE_I32, 4, bt_w, n, 1);
+    p.kv = pool_view(b->pool, D, n_blocks);
+    return p;
+}
+
 int main(int argc, char **argv)
 {
     const char *path = argc > 1 ? argv[1] : CUDA_PLUGIN_PATH;
@@ -333,11 +384,34 @@ int main(int argc, char **argv)
     memset(&di, 0, sizeof di);
     di.struct_size = sizeof di;
     check(vt->device_info(&host, 0, &di), "device_info");
-    check(vt->init(&host, 0, &be), "init");
-    ops = vt->get_ops(be);
-    check(vt->stream_create(be, &st), "stream_create");
+
+    /* Side A: the environment as given. Side B: BERTH_CUDA_ATT_DECODE=$BENCH_DECODE_B while it starts. */
+    const char *a_env = getenv("BERTH_CUDA_ATT_DECODE");
+    char a_name[64];
+    snprintf(a_name, sizeof a_name, "%s", a_env && *a_env ? a_env : "new");
+    const char *b_env = getenv("BENCH_DECODE_B");
+    char b_name[64];
+    snprintf(b_name, sizeof b_name, "%s", b_env && *b_env ? b_env : "old");
+    const int n_sides = strcmp(b_name, "none") == 0 ? 1 : 2;
+    check(vt->init(&host, 0, &sides[0].be), "init (A)");
+    if (n_sides > 1) {
+        char *saved = a_env ? strdup(a_env) : NULL;
+        setenv("BERTH_CUDA_ATT_DECODE", b_name, 1);
+        check(vt->init(&host, 0, &sides[1].be), "init (B)");
+        if (saved)
+            setenv("BERTH_CUDA_ATT_DECODE", saved, 1);
+        else
+            unsetenv("BERTH_CUDA_ATT_DECODE");
+        free(saved);
+    }
+    for (int i = 0; i < n_sides; i++) {
+        sides[i].ops = vt->get_ops(sides[i].be);
+        check(vt->stream_create(sides[i].be, &sides[i].st), "stream_create");
+    }
+    use_side(0);
     printf("%s, %d SMs: decode attention, %d query heads / 1 KV head, bf16 KV, block %d\n", di.name,
            (int)di.compute_units, N_HEADS, BLOCK);
+    printf("decode A: BERTH_CUDA_ATT_DECODE=%s; B: %s\n", a_name, n_sides > 1 ? b_name : "(none)");
 
     static const int seqs_list[] = {1, 8, 32, 128};
     static const int ctx_list[] = {64, 640, 4096};
@@ -346,8 +420,9 @@ int main(int argc, char **argv)
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)n_blocks);
     int32_t *host_i = malloc(sizeof(int32_t) * (size_t)n_blocks);
     float *host_q = malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS);
-    float *host_o = malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS);
-    if (!perm || !host_i || !host_q || !host_o)
+    float *host_o[2] = {malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS),
+                        malloc(sizeof(float) * (size_t)512 * N_HEADS * MAX_SEQS)};
+    if (!perm || !host_i || !host_q || !host_o[0] || !host_o[1])
         return 1;
     for (int i = 0; i < n_blocks; i++)
         perm[i] = i;
@@ -355,87 +430,105 @@ int main(int argc, char **argv)
         const int j = (int)(rand32() % (uint32_t)(i + 1)), t = perm[i];
         perm[i] = perm[j], perm[j] = t;
     }
-    berth_buffer *qb = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
-    berth_buffer *ob = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
-    berth_buffer *posb = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
-    berth_buffer *qsb = alloc(4u * (MAX_SEQS + 1), BERTH_USAGE_ACTIVATIONS);
-    berth_buffer *kvb = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
-    berth_buffer *btb = alloc(4u * (uint64_t)n_blocks, BERTH_USAGE_ACTIVATIONS);
     for (int i = 0; i < 512 * N_HEADS * MAX_SEQS; i++)
         host_q[i] = 0.5f * randf();
-    upload(qb, 0, host_q, sizeof(float) * 512u * N_HEADS * MAX_SEQS);
-    for (int i = 0; i <= MAX_SEQS; i++)
-        host_i[i] = i;
-    upload(qsb, 0, host_i, 4u * (MAX_SEQS + 1));
+    struct side_bufs bufs[2];
+    memset(bufs, 0, sizeof bufs);
+    for (int sd = 0; sd < n_sides; sd++) {
+        use_side(sd);
+        struct side_bufs *b = &bufs[sd];
+        b->q = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+        b->o = alloc(sizeof(float) * 512u * N_HEADS * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+        b->pos = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+        b->qs = alloc(4u * (MAX_SEQS + 1), BERTH_USAGE_ACTIVATIONS);
+        b->kv = alloc(4u * MAX_SEQS, BERTH_USAGE_ACTIVATIONS);
+        b->bt = alloc(4u * (uint64_t)n_blocks, BERTH_USAGE_ACTIVATIONS);
+        upload(b->q, 0, host_q, sizeof(float) * 512u * N_HEADS * MAX_SEQS);
+        for (int i = 0; i <= MAX_SEQS; i++)
+            host_i[i] = i;
+        upload(b->qs, 0, host_i, 4u * (MAX_SEQS + 1));
+    }
 
     int bad = 0;
     for (int di_ = 0; di_ < 2; di_++) {
         const int D = dims[di_], window = D == 256 ? 512 : 0;
-        berth_buffer *pool = make_pool(D, n_blocks);
+        for (int sd = 0; sd < n_sides; sd++) {
+            use_side(sd);
+            bufs[sd].pool = make_pool(D, n_blocks);
+        }
+        use_side(0);
         printf("\nhead dim %d, %s\n", D, window ? "sliding window 512" : "no window");
-        bad += bench_prefill(pool, n_blocks, perm, D, window, iters);
+        bad += bench_prefill(bufs[0].pool, n_blocks, perm, D, window, iters);
         const char *pf_only = getenv("BENCH_PREFILL_ONLY");
-        printf("  seqs    ctx |   eager us   GB/s |   graph us   GB/s | K/V MB\n");
+        printf("  seqs    ctx | A eager us  graph us   GB/s | B eager us  graph us | B/A graph | K/V MB | max|A-B|\n");
         for (int si = 0; si < 4 && !(pf_only && strcmp(pf_only, "1") == 0); si++) {
             for (int ci = 0; ci < 3; ci++) {
                 const int n = seqs_list[si], ctx = ctx_list[ci], bt_w = ctx / BLOCK;
-                for (int s = 0; s < n; s++)
-                    host_i[s] = ctx - 1;
-                upload(posb, 0, host_i, 4u * (uint64_t)n);
-                for (int s = 0; s < n; s++)
-                    host_i[s] = ctx;
-                upload(kvb, 0, host_i, 4u * (uint64_t)n);
-                for (int s = 0; s < n; s++)
-                    for (int b = 0; b < bt_w; b++)
-                        host_i[s * bt_w + b] = perm[s * (MAX_CTX / BLOCK) + b];
-                upload(btb, 0, host_i, 4u * (uint64_t)n * (uint64_t)bt_w);
-
-                berth_attention_params p;
-                memset(&p, 0, sizeof p);
-                p.struct_size = sizeof p;
-                p.mask = BERTH_MASK_CAUSAL;
-                p.window = window;
-                p.scale = 1.0f;
-                p.n_seqs = n;
-                p.max_q_len = 1;
-                p.max_kv_len = ctx;
-                p.q = tensor(qb, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
-                p.out = tensor(ob, BERTH_DTYPE_F32, 4, D, N_HEADS, n);
-                p.positions = tensor(posb, BERTH_DTYPE_I32, 4, n, 1, 1);
-                p.seq_q_start = tensor(qsb, BERTH_DTYPE_I32, 4, n + 1, 1, 1);
-                p.seq_kv_len = tensor(kvb, BERTH_DTYPE_I32, 4, n, 1, 1);
-                p.block_table = tensor(btb, BERTH_DTYPE_I32, 4, bt_w, n, 1);
-                p.kv = pool_view(pool, D, n_blocks);
-
                 const int visible = window > 0 && window < ctx ? window : ctx;
                 const double bytes = (double)n * visible * (2.0 * D) * 2.0;
-                const double te = run_eager(&p, iters);
-                const double tg = run_graph(&p);
-                check(vt->buffer_download(be, st, ob, 0, host_o, sizeof(float) * (uint64_t)D * N_HEADS * n),
-                      "buffer_download");
-                check(vt->stream_sync(be, st), "stream_sync");
+                double te[2] = {0.0, 0.0}, tg[2] = {0.0, 0.0};
                 int nonfinite = 0;
-                for (int i = 0; i < D * N_HEADS * n; i++)
-                    nonfinite += !isfinite(host_o[i]);
-                bad += nonfinite;
-                printf("  %4d %6d | %10.2f %6.0f | %10.2f %6.0f | %7.2f%s\n", n, ctx, te * 1e6, bytes / te * 1e-9,
-                       tg * 1e6, bytes / tg * 1e-9, bytes / 1e6, nonfinite ? "  NON-FINITE OUTPUT" : "");
+                for (int sd = 0; sd < n_sides; sd++) {
+                    use_side(sd);
+                    const struct side_bufs *b = &bufs[sd];
+                    for (int s = 0; s < n; s++)
+                        host_i[s] = ctx - 1;
+                    upload(b->pos, 0, host_i, 4u * (uint64_t)n);
+                    for (int s = 0; s < n; s++)
+                        host_i[s] = ctx;
+                    upload(b->kv, 0, host_i, 4u * (uint64_t)n);
+                    for (int s = 0; s < n; s++)
+                        for (int k = 0; k < bt_w; k++)
+                            host_i[s * bt_w + k] = perm[s * (MAX_CTX / BLOCK) + k];
+                    upload(b->bt, 0, host_i, 4u * (uint64_t)n * (uint64_t)bt_w);
+                    const berth_attention_params p = decode_params(b, D, window, n, ctx, bt_w, n_blocks);
+                    te[sd] = run_eager(&p, iters);
+                    tg[sd] = run_graph(&p);
+                    check(vt->buffer_download(be, st, b->o, 0, host_o[sd], sizeof(float) * (uint64_t)D * N_HEADS * n),
+                          "buffer_download");
+                    check(vt->stream_sync(be, st), "stream_sync");
+                    for (int i = 0; i < D * N_HEADS * n; i++)
+                        nonfinite += !isfinite(host_o[sd][i]);
+                }
+                double maxdiff = 0.0;
+                for (int i = 0; n_sides > 1 && i < D * N_HEADS * n; i++) {
+                    const double df = fabs((double)host_o[0][i] - (double)host_o[1][i]);
+                    maxdiff = df > maxdiff || df != df ? df : maxdiff;
+                }
+                const int mismatch = n_sides > 1 && !(maxdiff <= 1e-4);
+                bad += nonfinite + mismatch;
+                if (n_sides > 1)
+                    printf("  %4d %6d | %10.2f %9.2f %6.0f | %10.2f %9.2f | %9.2f | %6.2f | %.2g%s%s\n", n, ctx,
+                           te[0] * 1e6, tg[0] * 1e6, bytes / tg[0] * 1e-9, te[1] * 1e6, tg[1] * 1e6, tg[1] / tg[0],
+                           bytes / 1e6, maxdiff, nonfinite ? "  NON-FINITE OUTPUT" : "", mismatch ? "  MISMATCH" : "");
+                else
+                    printf("  %4d %6d | %10.2f %9.2f %6.0f |          -         - |         - | %6.2f | -%s\n", n,
+                           ctx, te[0] * 1e6, tg[0] * 1e6, bytes / tg[0] * 1e-9, bytes / 1e6,
+                           nonfinite ? "  NON-FINITE OUTPUT" : "");
                 fflush(stdout);
             }
         }
-        vt->buffer_free(be, pool);
+        for (int sd = 0; sd < n_sides; sd++) {
+            use_side(sd);
+            vt->buffer_free(be, bufs[sd].pool);
+        }
     }
-    vt->buffer_free(be, qb);
-    vt->buffer_free(be, ob);
-    vt->buffer_free(be, posb);
-    vt->buffer_free(be, qsb);
-    vt->buffer_free(be, kvb);
-    vt->buffer_free(be, btb);
-    vt->stream_destroy(be, st);
-    vt->destroy(be);
+    for (int sd = 0; sd < n_sides; sd++) {
+        use_side(sd);
+        const struct side_bufs *b = &bufs[sd];
+        vt->buffer_free(be, b->q);
+        vt->buffer_free(be, b->o);
+        vt->buffer_free(be, b->pos);
+        vt->buffer_free(be, b->qs);
+        vt->buffer_free(be, b->kv);
+        vt->buffer_free(be, b->bt);
+        vt->stream_destroy(be, st);
+        vt->destroy(be);
+    }
     free(perm);
     free(host_i);
     free(host_q);
-    free(host_o);
+    free(host_o[0]);
+    free(host_o[1]);
     return bad ? 1 : 0;
 }

@@ -2,10 +2,17 @@
  * bench_cuda_ops.c — the CUDA backend's decode-path ops at Gemma 4 E2B shapes, timed the way the model runs them:
  * recorded into a CUDA graph (graph_begin / graph_end) and replayed, on one stream.
  *
- * Sections (BENCH_ONLY=gemv|rms|layer|prefill runs one):
+ * Sections (BENCH_ONLY=gemv|gemv1|skinny|rms|layer|prefill runs one; gemv includes gemv1):
  *   gemv    M = 1, 8, 16 and 32, bf16 weights, the E2B decode (K, N) list: us per call, GB/s of weight bytes,
  *           % of the bandwidth floor, and the largest error of a sample of outputs against a double-precision host
  *           reference (atol 1e-5 sqrt(K), rtol 1e-5, as tests/cuda_ops; M > 8 in bf16 mode: atol 6e-3 sqrt(K));
+ *   gemv1   M = 1 at the E2B decode products as the model issues them (fused qkv and gate|up with the GELU
+ *           epilogue, the PLE gate with its multiply) on three backends started with BERTH_CUDA_GEMV = new, async
+ *           and old, side by side (us, GB/s, each result checked against a host reference), then one decode step's
+ *           total per mode (each product times its launches per step);
+ *   skinny  the E2B decode products (as gemv1, plus qkv with the RMS-norm prologue) at M = 8, 16, 32, 64 on two
+ *           backends started with BERTH_CUDA_SKINNY = 0 (the GEMV at M <= 8, cuBLAS above) and 2 (matmul_skinny.cu
+ *           from M = 2), side by side: us, GB/s, each result checked; one decode step's products per M;
  *   rms     rms_norm at the decode shapes (1 x 1536, 8 x 256, 8 x 512, 35 x 256) and a 2048 x 1536 prefill: us;
  *   layer   a Gemma-4-like sliding decoder layer (~20 ops: norms, 9 matmuls, rope, kv_append, attention over 256
  *           cached tokens, GELU gates, residual norms) x 35 layers with distinct weights: us per layer against
@@ -18,8 +25,8 @@
  *
  * Environment: BERTH_CUDA_PDL=0 (read by the plugin) launches without PDL; BENCH_COMPUTE=fp32 runs the plugin in
  * fp32 compute mode (default bf16); BENCH_PEAK_GBS is the bandwidth of "% of floor" (default 4260, the H200 figure
- * of the decode floor); BENCH_ATTN=0 leaves attention out of the layer; BERTH_CUDA_SKINNY=1 (read by the plugin)
- * runs the M = 16 / 32 gemv rows on matmul_skinny.cu's kernel instead of cuBLAS.
+ * of the decode floor); BENCH_ATTN=0 leaves attention out of the layer; BERTH_CUDA_SKINNY (read by the plugin;
+ * default: M >= 5) decides whether the gemv section's M = 8 / 16 / 32 rows run on matmul_skinny.cu's kernel.
  * Usage: bench_cuda_ops [berth-backend-cuda.so]. Exit 1 on a wrong result or a failed op, 77 without a device.
  */
 #include <dlfcn.h>
@@ -304,6 +311,23 @@ static void mm_enqueue(struct dev *d, void *vctx, int i)
 
 static int failures;
 
+/* Whether the plugin (environment as it is now) sends an M-row product of bf16 weights to matmul_skinny.cu, which
+ * rounds x to bf16: BERTH_CUDA_SKINNY as cuda_backend.cu reads it (unset / 1: M >= 5; 0: never; 2..64: M >= it). */
+static bool skinny_rounds(int64_t M)
+{
+    if (strcmp(compute_mode, "bf16") != 0 || M > 64)
+        return false;
+    const char *e = getenv("BERTH_CUDA_SKINNY");
+    long lo = 5;
+    if (e && *e && strcmp(e, "1") != 0) {
+        char *end = NULL;
+        const long v = strtol(e, &end, 10);
+        if (end != e && *end == '\0' && (v == 0 || (v >= 2 && v <= 64)))
+            lo = v;
+    }
+    return lo > 0 && M >= lo;
+}
+
 /* y of copy 0 against the host reference on a sample of columns (all M rows). */
 static double mm_verify(struct dev *d, struct mm_ctx *c, const float *x, const uint16_t *pat)
 {
@@ -323,8 +347,9 @@ static double mm_verify(struct dev *d, struct mm_ctx *c, const float *x, const u
     while (nc < 24)
         cols[nc++] = (int64_t)(rand_u64() % (uint64_t)c->N);
     double worst = 0.0;
-    /* M > 8 in bf16 compute mode rounds x to bf16 (tensor cores): the tests' bf16 bound, atol 6e-3 sqrt(K) */
-    const bool tc = c->M > 8 && strcmp(compute_mode, "bf16") == 0;
+    /* M > 8 in bf16 compute mode, and M in the skinny kernel's range, round x to bf16 (tensor cores): the tests'
+     * bf16 bound, atol 6e-3 sqrt(K) */
+    const bool tc = (c->M > 8 && strcmp(compute_mode, "bf16") == 0) || skinny_rounds(c->M);
     const double atol = (tc ? 6e-3 : 1e-5) * sqrt((double)c->K), rtol = tc ? 0.0 : 1e-5;
     for (int j = 0; j < nc; j++)
         for (int64_t m = 0; m < c->M; m++) {
@@ -390,6 +415,417 @@ static void bench_gemv(struct dev *d, double peak_gbs)
     d->vt->buffer_free(d->be, pool);
     d->vt->buffer_free(d->be, x);
     d->vt->buffer_free(d->be, y);
+}
+
+/* ---- gemv at the E2B batch-1 shapes: gemv.cu against matmul.cu's general kernel ------------------------------- */
+
+/* One M = 1 product of a decode step: (K, rows of w), the gated epilogue, launches per step (E2B: 35 layers, 20 of
+ * them KV-shared with the double-wide MLP, 7 full-attention layers, 4 of those shared). */
+struct e2b_shape {
+    const char *name;
+    int64_t K, rows;
+    int glu;
+    int per_step;
+};
+
+static const struct e2b_shape e2b_shapes[] = {
+    {"q (shared sliding)", 1536, 2048, BERTH_GLU_NONE, 16},
+    {"q (shared full)", 1536, 4096, BERTH_GLU_NONE, 4},
+    {"qkv (sliding)", 1536, 2560, BERTH_GLU_NONE, 12},
+    {"qkv (full)", 1536, 5120, BERTH_GLU_NONE, 3},
+    {"o (sliding)", 2048, 1536, BERTH_GLU_NONE, 28},
+    {"o (full)", 4096, 1536, BERTH_GLU_NONE, 7},
+    {"gate|up 2x6144 + GELU", 1536, 12288, BERTH_GLU_HALVES, 15},
+    {"gate|up 2x12288 + GELU", 1536, 24576, BERTH_GLU_HALVES, 20},
+    {"down 6144", 6144, 1536, BERTH_GLU_NONE, 15},
+    {"down 12288", 12288, 1536, BERTH_GLU_NONE, 20},
+    {"PLE gate + GELU*u", 1536, 256, BERTH_GLU_MUL, 35},
+    {"PLE proj", 256, 1536, BERTH_GLU_NONE, 35},
+    {"PLE model proj", 1536, 8960, BERTH_GLU_NONE, 1},
+    {"LM head", 1536, 262144, BERTH_GLU_NONE, 0}, /* its own forward in the runner: listed apart */
+};
+#define N_E2B_SHAPES ((int)(sizeof e2b_shapes / sizeof e2b_shapes[0]))
+
+struct gv_ctx {
+    berth_buffer *pool, *x, *y, *u;
+    uint64_t stride;
+    int copies;
+    int64_t K, rows, N; /* N outputs (rows / 2 with HALVES) */
+    int glu;
+};
+
+static void gv_enqueue(struct dev *d, void *vctx, int i)
+{
+    const struct gv_ctx *c = vctx;
+    berth_matmul_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.w = tens(c->pool, (uint64_t)(i % c->copies) * c->stride, BERTH_DTYPE_BF16, c->K, c->rows, 1);
+    p.x = tens(c->x, 0, BERTH_DTYPE_F32, c->K, 1, 1);
+    p.y = tens(c->y, 0, BERTH_DTYPE_F32, c->N, 1, 1);
+    p.y_glu = c->glu;
+    if (c->glu != BERTH_GLU_NONE)
+        p.y_glu_act = BERTH_ACT_GELU_TANH;
+    if (c->glu == BERTH_GLU_MUL)
+        p.y_glu_up = tens(c->u, 0, BERTH_DTYPE_F32, c->N, 1, 1);
+    check(d->ops->matmul(d->be, d->s, &p), "matmul");
+}
+
+static double gelu_tanh(double v)
+{
+    return 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+}
+
+/* y of copy 0 against a double-precision host reference (the epilogue included) on a sample of outputs. */
+static double gv_verify(struct dev *d, struct gv_ctx *c, const float *x, const float *u, const uint16_t *pat)
+{
+    gv_enqueue(d, c, 0);
+    float *y = malloc((size_t)c->N * sizeof(float));
+    if (!y)
+        die("out of host memory");
+    check(d->vt->buffer_download(d->be, d->s, c->y, 0, y, (uint64_t)c->N * sizeof(float)), "buffer_download");
+    dev_sync(d);
+    double worst = 0.0;
+    for (int j = 0; j < 24; j++) {
+        const int64_t n = j == 0 ? 0 : j == 1 ? c->N - 1 : (int64_t)(rand_u64() % (uint64_t)c->N);
+        double z = 0.0, zu = 0.0;
+        for (int64_t k = 0; k < c->K; k++) {
+            z += (double)x[k] * (double)pattern_at(pat, (uint64_t)(n * c->K + k) * 2);
+            if (c->glu == BERTH_GLU_HALVES)
+                zu += (double)x[k] * (double)pattern_at(pat, (uint64_t)((c->N + n) * c->K + k) * 2);
+        }
+        const double ref = c->glu == BERTH_GLU_HALVES ? gelu_tanh(z) * zu
+                           : c->glu == BERTH_GLU_MUL  ? gelu_tanh(z) * (double)u[n]
+                                                      : z;
+        /* the tests' bounds: 1e-5 sqrt(K) (+ rtol 1e-5) for a product, 2e-5 K for an epilogue's */
+        const double atol = c->glu == BERTH_GLU_NONE ? 1e-5 * sqrt((double)c->K) : 2e-5 * (double)c->K;
+        const double err = fabs((double)y[n] - ref);
+        if (!(err <= atol + 1e-5 * fabs(ref))) {
+            if (failures++ < 10)
+                fprintf(stderr,
+                        "  WRONG: K=%" PRId64 " rows=%" PRId64 " glu %d: y[%" PRId64 "] = %.9g, reference %.9g\n",
+                        c->K, c->rows, c->glu, n, (double)y[n], ref);
+        }
+        worst = err > worst || err != err ? err : worst;
+    }
+    free(y);
+    return worst;
+}
+
+struct gv_side {
+    struct dev d;
+    berth_buffer *pool, *x, *y, *u;
+};
+
+/* A backend started with BERTH_CUDA_GEMV=mode (the environment is restored after), with its own weight pool. */
+static void gv_side_open(struct gv_side *g, const char *mode, const uint16_t *pat, const float *xh, const float *uh)
+{
+    char saved[64];
+    const char *was = getenv("BERTH_CUDA_GEMV");
+    if (was)
+        snprintf(saved, sizeof saved, "%s", was);
+    setenv("BERTH_CUDA_GEMV", mode, 1); /* read by the plugin when the backend starts, just below */
+    dev_open(&g->d);
+    if (was)
+        setenv("BERTH_CUDA_GEMV", saved, 1);
+    else
+        unsetenv("BERTH_CUDA_GEMV");
+    g->pool = dev_alloc(&g->d, POOL_BYTES, BERTH_USAGE_WEIGHTS);
+    fill_pattern(&g->d, g->pool, 0, POOL_BYTES, pat);
+    g->x = dev_alloc(&g->d, 12288 * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    g->y = dev_alloc(&g->d, 262144 * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    g->u = dev_alloc(&g->d, 262144 * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    dev_upload(&g->d, g->x, 0, xh, 12288 * sizeof(float));
+    dev_upload(&g->d, g->u, 0, uh, 262144 * sizeof(float));
+    dev_sync(&g->d);
+}
+
+static void gv_side_close(struct gv_side *g)
+{
+    g->d.vt->buffer_free(g->d.be, g->pool);
+    g->d.vt->buffer_free(g->d.be, g->x);
+    g->d.vt->buffer_free(g->d.be, g->y);
+    g->d.vt->buffer_free(g->d.be, g->u);
+    dev_close(&g->d);
+}
+
+/* us per call of shape e on side g (after checking its result). */
+static double gv_time(struct gv_side *g, const struct e2b_shape *e, const float *xh, const float *uh,
+                      const uint16_t *pat, double *err)
+{
+    struct gv_ctx c = {.pool = g->pool, .x = g->x, .y = g->y, .u = g->u, .K = e->K, .rows = e->rows,
+                       .N = e->glu == BERTH_GLU_HALVES ? e->rows / 2 : e->rows, .glu = e->glu};
+    const uint64_t bytes = (uint64_t)(c.K * c.rows) * 2;
+    c.stride = round_up(bytes, ALIGN);
+    c.copies = (int)(POOL_BYTES / c.stride);
+    int calls = (int)(((uint64_t)2 << 30) / bytes);
+    calls = calls < 4 ? 4 : calls > 200 ? 200 : calls;
+    *err = gv_verify(&g->d, &c, xh, uh, pat);
+    return graph_time(&g->d, gv_enqueue, &c, calls);
+}
+
+/* The batch-1 products of an E2B decode step on three backends, started with BERTH_CUDA_GEMV = new (gemv.cu,
+ * loads into registers), async (gemv.cu, cp.async through shared memory) and old (matmul.cu's general GEMV); then
+ * one step's total, each product times its launches per step. */
+static void bench_gemv_e2b(double peak_gbs)
+{
+    static const char *const modes[3] = {"new", "async", "old"};
+    printf("\n== gemv M = 1 at the E2B decode shapes (bf16 w), one backend per BERTH_CUDA_GEMV mode ==\n");
+    uint16_t *pat = make_pattern(-1.0f, 1.0f);
+    float *xh = malloc(12288 * sizeof(float)), *uh = malloc(262144 * sizeof(float));
+    if (!xh || !uh)
+        die("out of host memory");
+    for (int i = 0; i < 12288; i++)
+        xh[i] = rand_uniform(-1.0f, 1.0f);
+    for (int i = 0; i < 262144; i++)
+        uh[i] = rand_uniform(-1.0f, 1.0f);
+    struct gv_side side[3];
+    for (int k = 0; k < 3; k++)
+        gv_side_open(&side[k], modes[k], pat, xh, uh);
+    double step[3] = {0.0, 0.0, 0.0}, step_bytes = 0.0;
+    int launches = 0;
+    printf("  %-24s %6s %7s %7s | %8s %6s | %8s %6s | %8s %6s | %s\n", "product", "K", "rows", "MB", "new us", "GB/s",
+           "async us", "GB/s", "old us", "GB/s", "max err new / async / old");
+    for (int i = 0; i < N_E2B_SHAPES; i++) {
+        const struct e2b_shape *e = &e2b_shapes[i];
+        const double mb = (double)(e->K * e->rows) * 2.0 / 1e6;
+        double t[3], err[3];
+        for (int k = 0; k < 3; k++)
+            t[k] = gv_time(&side[k], e, xh, uh, pat, &err[k]);
+        printf("  %-24s %6" PRId64 " %7" PRId64 " %7.1f | %8.2f %6.0f | %8.2f %6.0f | %8.2f %6.0f | "
+               "%.2g / %.2g / %.2g\n",
+               e->name, e->K, e->rows, mb, t[0] * 1e6, mb * 1e-3 / t[0], t[1] * 1e6, mb * 1e-3 / t[1], t[2] * 1e6,
+               mb * 1e-3 / t[2], err[0], err[1], err[2]);
+        for (int k = 0; k < 3; k++)
+            step[k] += e->per_step * t[k];
+        step_bytes += e->per_step * mb * 1e6;
+        launches += e->per_step;
+    }
+    printf("  one decode step's %d M = 1 products (LM head apart), %.1f MB of weights (floor %.1f us at %.0f GB/s):\n",
+           launches, step_bytes / 1e6, step_bytes / (peak_gbs * 1e9) * 1e6, peak_gbs);
+    for (int k = 0; k < 3; k++)
+        printf("    %-5s %8.1f us = %5.0f GB/s\n", modes[k], step[k] * 1e6, step_bytes / step[k] * 1e-9);
+    for (int k = 0; k < 3; k++)
+        gv_side_close(&side[k]);
+    free(pat);
+    free(xh);
+    free(uh);
+}
+
+/* ---- skinny: batched decode products, matmul_skinny.cu against the GEMV / cuBLAS ---------------------------- */
+
+/* d opened with the environment variable var set to val for the backend's start (restored after). */
+static void dev_open_env(struct dev *d, const char *var, const char *val)
+{
+    char saved[64];
+    const char *was = getenv(var);
+    if (was)
+        snprintf(saved, sizeof saved, "%s", was);
+    setenv(var, val, 1); /* read by the plugin when the backend starts, just below */
+    dev_open(d);
+    if (was)
+        setenv(var, saved, 1);
+    else
+        unsetenv(var);
+}
+
+#define SK_BENCH_M 64
+
+struct sk_ctx {
+    berth_buffer *pool, *x, *y, *u, *nw;
+    uint64_t stride;
+    int copies;
+    int64_t M, K, rows, N; /* N outputs (rows / 2 with HALVES) */
+    int glu, norm;
+};
+
+static void sk_enqueue(struct dev *d, void *vctx, int i)
+{
+    const struct sk_ctx *c = vctx;
+    berth_matmul_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.w = tens(c->pool, (uint64_t)(i % c->copies) * c->stride, BERTH_DTYPE_BF16, c->K, c->rows, 1);
+    p.x = tens(c->x, 0, BERTH_DTYPE_F32, c->K, c->M, 1);
+    p.y = tens(c->y, 0, BERTH_DTYPE_F32, c->N, c->M, 1);
+    p.y_glu = c->glu;
+    if (c->glu != BERTH_GLU_NONE)
+        p.y_glu_act = BERTH_ACT_GELU_TANH;
+    if (c->glu == BERTH_GLU_MUL)
+        p.y_glu_up = tens(c->u, 0, BERTH_DTYPE_F32, c->N, c->M, 1);
+    if (c->norm) {
+        p.x_norm_mode = BERTH_NORM_W;
+        p.x_norm_eps = 1e-6f;
+        p.x_norm_w = tens(c->nw, 0, BERTH_DTYPE_BF16, c->K, 1, 1);
+    }
+    check(d->ops->matmul(d->be, d->s, &p), "matmul");
+}
+
+/* y of copy 0 against a double-precision host reference (prologue and epilogue included) on a sample of columns,
+ * all M rows; the tests' bounds: 1e-5 sqrt(K) for fp32 products, 6e-3 sqrt(K) where x is rounded to bf16 (twice
+ * that under the prologue), times K / sqrt(K) for an epilogue's product of two sums. */
+static double sk_verify(struct dev *d, struct sk_ctx *c, bool rounded, const float *x, const float *u,
+                        const float *nw, const uint16_t *pat)
+{
+    sk_enqueue(d, c, 0);
+    float *y = malloc((size_t)(c->M * c->N) * sizeof(float));
+    double *rstd = malloc((size_t)c->M * sizeof(double));
+    if (!y || !rstd)
+        die("out of host memory");
+    check(d->vt->buffer_download(d->be, d->s, c->y, 0, y, (uint64_t)(c->M * c->N) * sizeof(float)),
+          "buffer_download");
+    dev_sync(d);
+    for (int64_t m = 0; m < c->M; m++) {
+        double ss = 0.0;
+        for (int64_t k = 0; k < c->K; k++)
+            ss += (double)x[m * c->K + k] * x[m * c->K + k];
+        rstd[m] = c->norm ? 1.0 / sqrt(ss / (double)c->K + 1e-6) : 1.0;
+    }
+    double atol = (rounded ? 6e-3 : 1e-5) * sqrt((double)c->K) * (c->norm ? 2.0 : 1.0);
+    if (c->glu != BERTH_GLU_NONE)
+        atol *= sqrt((double)c->K);
+    const double rtol = rounded ? 0.0 : 1e-5;
+    double worst = 0.0;
+    for (int j = 0; j < 16; j++) {
+        const int64_t n = j == 0 ? 0 : j == 1 ? c->N - 1 : (int64_t)(rand_u64() % (uint64_t)c->N);
+        for (int64_t m = 0; m < c->M; m++) {
+            double z = 0.0, zu = 0.0;
+            for (int64_t k = 0; k < c->K; k++) {
+                const double xv = (double)x[m * c->K + k] * rstd[m] * (c->norm ? (double)nw[k] : 1.0);
+                z += xv * (double)pattern_at(pat, (uint64_t)(n * c->K + k) * 2);
+                if (c->glu == BERTH_GLU_HALVES)
+                    zu += xv * (double)pattern_at(pat, (uint64_t)((c->N + n) * c->K + k) * 2);
+            }
+            const double ref = c->glu == BERTH_GLU_HALVES ? gelu_tanh(z) * zu
+                               : c->glu == BERTH_GLU_MUL  ? gelu_tanh(z) * (double)u[m * c->N + n]
+                                                          : z;
+            const double got = y[m * c->N + n], err = fabs(got - ref);
+            if (!(err <= atol + rtol * fabs(ref))) {
+                if (failures++ < 10)
+                    fprintf(stderr,
+                            "  WRONG: M=%" PRId64 " K=%" PRId64 " rows=%" PRId64 " glu %d norm %d: y[%" PRId64
+                            ", %" PRId64 "] = %.9g, reference %.9g\n",
+                            c->M, c->K, c->rows, c->glu, c->norm, m, n, got, ref);
+            }
+            worst = err > worst || err != err ? err : worst;
+        }
+    }
+    free(y);
+    free(rstd);
+    return worst;
+}
+
+struct sk_side {
+    struct dev d;
+    berth_buffer *pool, *x, *y, *u, *nw;
+};
+
+static void sk_side_open(struct sk_side *g, const char *mode, const uint16_t *pat, const float *xh, const float *uh,
+                         const float *nwh)
+{
+    dev_open_env(&g->d, "BERTH_CUDA_SKINNY", mode);
+    g->pool = dev_alloc(&g->d, POOL_BYTES, BERTH_USAGE_WEIGHTS);
+    fill_pattern(&g->d, g->pool, 0, POOL_BYTES, pat);
+    const uint64_t xn = (uint64_t)SK_BENCH_M * 12288, yn = (uint64_t)SK_BENCH_M * 262144;
+    g->x = dev_alloc(&g->d, xn * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    g->y = dev_alloc(&g->d, yn * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    g->u = dev_alloc(&g->d, yn * sizeof(float), BERTH_USAGE_ACTIVATIONS);
+    g->nw = dev_alloc(&g->d, 12288 * 2, BERTH_USAGE_WEIGHTS);
+    dev_upload(&g->d, g->x, 0, xh, xn * sizeof(float));
+    dev_upload(&g->d, g->u, 0, uh, yn * sizeof(float));
+    uint16_t *nb = malloc(12288 * 2);
+    if (!nb)
+        die("out of host memory");
+    for (int i = 0; i < 12288; i++)
+        nb[i] = f32_to_bf16(nwh[i]);
+    dev_upload(&g->d, g->nw, 0, nb, 12288 * 2);
+    dev_sync(&g->d);
+    free(nb);
+}
+
+static void sk_side_close(struct sk_side *g)
+{
+    g->d.vt->buffer_free(g->d.be, g->pool);
+    g->d.vt->buffer_free(g->d.be, g->x);
+    g->d.vt->buffer_free(g->d.be, g->y);
+    g->d.vt->buffer_free(g->d.be, g->u);
+    g->d.vt->buffer_free(g->d.be, g->nw);
+    dev_close(&g->d);
+}
+
+/* us per call of an M-row product of shape e (with the norm prologue if norm) on side g, after checking it. */
+static double sk_time(struct sk_side *g, const char *mode, int64_t M, const struct e2b_shape *e, int norm,
+                      const float *xh, const float *uh, const float *nwh, const uint16_t *pat, double *err)
+{
+    struct sk_ctx c = {.pool = g->pool, .x = g->x, .y = g->y, .u = g->u, .nw = g->nw, .M = M, .K = e->K,
+                       .rows = e->rows, .N = e->glu == BERTH_GLU_HALVES ? e->rows / 2 : e->rows, .glu = e->glu,
+                       .norm = norm};
+    const uint64_t bytes = (uint64_t)(c.K * c.rows) * 2;
+    c.stride = round_up(bytes, ALIGN);
+    c.copies = (int)(POOL_BYTES / c.stride);
+    int calls = (int)(((uint64_t)2 << 30) / bytes);
+    calls = calls < 4 ? 4 : calls > 200 ? 200 : calls;
+    /* x is rounded to bf16 by the skinny kernel and by cuBLAS (M > 8), not by the GEMV */
+    const bool rounded = strcmp(mode, "0") != 0 || M > 8;
+    *err = sk_verify(&g->d, &c, rounded, xh, uh, nwh, pat);
+    return graph_time(&g->d, sk_enqueue, &c, calls);
+}
+
+/* The E2B decode products (e2b_shapes, plus the fused qkv with the RMS-norm prologue) at M = 8, 16, 32, 64 on two
+ * backends: BERTH_CUDA_SKINNY=0 (the GEMV at M <= 8, x gather + cuBLAS + GLU kernel above) and =2 (matmul_skinny.cu
+ * for every M >= 2): us, GB/s of weight bytes, each result checked; then one decode step's products per M. */
+static void bench_skinny(double peak_gbs)
+{
+    static const char *const modes[2] = {"0", "2"};
+    static const int64_t Ms[] = {8, 16, 32, 64};
+    static const struct e2b_shape qkv_norm = {"qkv (sliding) + norm", 1536, 2560, BERTH_GLU_NONE, 0};
+    printf("\n== skinny: E2B decode products at M = 8..64 (bf16 w, %s compute), BERTH_CUDA_SKINNY=0 (GEMV / cuBLAS) "
+           "against =2 (matmul_skinny.cu) ==\n",
+           compute_mode);
+    uint16_t *pat = make_pattern(-1.0f, 1.0f);
+    const uint64_t xn = (uint64_t)SK_BENCH_M * 12288, yn = (uint64_t)SK_BENCH_M * 262144;
+    float *xh = malloc(xn * sizeof(float)), *uh = malloc(yn * sizeof(float)), *nwh = malloc(12288 * sizeof(float));
+    if (!xh || !uh || !nwh)
+        die("out of host memory");
+    for (uint64_t i = 0; i < xn; i++)
+        xh[i] = rand_uniform(-1.0f, 1.0f);
+    for (uint64_t i = 0; i < yn; i++)
+        uh[i] = rand_uniform(-1.0f, 1.0f);
+    for (int i = 0; i < 12288; i++)
+        nwh[i] = bf16_to_f32(f32_to_bf16(rand_uniform(-1.0f, 1.0f)));
+    struct sk_side side[2];
+    for (int k = 0; k < 2; k++)
+        sk_side_open(&side[k], modes[k], pat, xh, uh, nwh);
+    for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
+        const int64_t M = Ms[mi];
+        printf("  M=%-3" PRId64 " %-24s %6s %7s %7s | %9s %6s | %9s %6s | %6s | %s\n", M, "product", "K", "rows", "MB",
+               M <= 8 ? "gemv us" : "cublas us", "GB/s", "skinny us", "GB/s", "ratio", "max err off / skinny");
+        double step[2] = {0.0, 0.0}, step_bytes = 0.0;
+        for (int i = 0; i <= N_E2B_SHAPES; i++) {
+            const struct e2b_shape *e = i < N_E2B_SHAPES ? &e2b_shapes[i] : &qkv_norm;
+            const int norm = i == N_E2B_SHAPES;
+            const double mb = (double)(e->K * e->rows) * 2.0 / 1e6;
+            double t[2], err[2];
+            for (int k = 0; k < 2; k++)
+                t[k] = sk_time(&side[k], modes[k], M, e, norm, xh, uh, nwh, pat, &err[k]);
+            printf("        %-24s %6" PRId64 " %7" PRId64 " %7.1f | %9.2f %6.0f | %9.2f %6.0f | %5.2fx | %.2g / %.2g\n",
+                   e->name, e->K, e->rows, mb, t[0] * 1e6, mb * 1e-3 / t[0], t[1] * 1e6, mb * 1e-3 / t[1],
+                   t[0] / t[1], err[0], err[1]);
+            for (int k = 0; k < 2; k++)
+                step[k] += e->per_step * t[k];
+            step_bytes += e->per_step * mb * 1e6;
+        }
+        printf("  M=%" PRId64 ": one decode step's products (LM head apart), %.1f MB (floor %.1f us): off %.1f us "
+               "(%.0f GB/s), skinny %.1f us (%.0f GB/s)\n",
+               M, step_bytes / 1e6, step_bytes / (peak_gbs * 1e9) * 1e6, step[0] * 1e6, step_bytes / step[0] * 1e-9,
+               step[1] * 1e6, step_bytes / step[1] * 1e-9);
+    }
+    for (int k = 0; k < 2; k++)
+        sk_side_close(&side[k]);
+    free(pat);
+    free(xh);
+    free(uh);
+    free(nwh);
 }
 
 /* ---- rms_norm ------------------------------------------------------------------------------------------------ */
@@ -916,6 +1352,10 @@ int main(int argc, char **argv)
 
     if (!only || strcmp(only, "gemv") == 0)
         bench_gemv(&d, peak_gbs);
+    if (!only || strcmp(only, "gemv") == 0 || strcmp(only, "gemv1") == 0)
+        bench_gemv_e2b(peak_gbs);
+    if (!only || strcmp(only, "skinny") == 0)
+        bench_skinny(peak_gbs);
     if (!only || strcmp(only, "rms") == 0)
         bench_rms(&d);
     if (!only || strcmp(only, "layer") == 0)

@@ -3,8 +3,9 @@
  * ATTENTION), fp32 throughout: K/V widened from f32/bf16/f16, scores, softmax and the weighted sum in fp32.
  *
  * Two paths, chosen on the host from shapes only (so a captured launch stays valid on replay):
- *   - decode (T == n_seqs, the usual one query row per sequence): flash-decoding. Grid (sequence, KV head,
- *     split of the key range); one block serves all n_rep query heads of its KV head, so each K/V vector is read
+ *   - decode (T == n_seqs, the usual one query row per sequence): attention_decode.cu's one-launch cluster kernel
+ *     serves it when it can; otherwise (or with BERTH_CUDA_ATT_DECODE=old) flash-decoding here. Grid (sequence,
+ *     KV head, split of the key range); one block serves all n_rep query heads of its KV head, so each K/V vector is read
  *     once per block (GQA), with q and the output accumulators of all those heads in registers and K/V streamed
  *     through shared memory by cp.async (details at the kernel). Each split keeps an online softmax and writes a
  *     partial (max, sum, unnormalised output); a combine kernel merges the splits. With one split the block
@@ -41,6 +42,9 @@
 /* attention_prefill.cu: the tensor-core prefill kernel with GQA-packed rows (*ran false: the case is not
  * covered and nothing was enqueued; then the kernels below run). BERTH_CUDA_ATT_PREFILL=old keeps them. */
 berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+/* attention_decode.cu: the one-launch cluster decode kernel (*ran false: not covered or BERTH_CUDA_ATT_DECODE=old,
+ * nothing enqueued; then the split-K kernel and combine below run). */
+berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Shared definitions.
@@ -1853,8 +1857,13 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
                            kv->head_stride | kv->v_token_stride | kv->v_head_stride;
     a.vec = (align & 15u) == 0;
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
-    if (T == p->n_seqs)
+    if (T == p->n_seqs) {
+        bool dec_ran = false;
+        const berth_status dst = cu_attention_decode_fast(be, s, p, &dec_ran);
+        if (dst != BERTH_OK || dec_ran)
+            return dst;
         return att_run_decode(be, s, p, a);
+    }
     bool ran = false;
     const berth_status pst = cu_attention_prefill_fast(be, s, p, &ran);
     if (pst != BERTH_OK || ran)

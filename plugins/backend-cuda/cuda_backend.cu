@@ -255,6 +255,8 @@ static void stream_free(struct berth_stream *s)
     (void)cudaStreamSynchronize(s->cs);
     if (s->dev.ptr)
         (void)cudaFree(s->dev.ptr);
+    if (s->ynorm_count)
+        (void)cudaFree(s->ynorm_count);
     while (s->retired) {
         struct cu_retired *r = s->retired;
         s->retired = r->next;
@@ -315,6 +317,62 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         else
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_SPLIT_KEYS='%s' ignored: a multiple of 16 in "
                      "16..4096 is expected", sk);
+    }
+    be->att_decode = CU_ATT_DECODE_CLUSTER;
+    if (const char *dp = getenv("BERTH_CUDA_ATT_DECODE")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(dp, "old") == 0)
+            be->att_decode = CU_ATT_DECODE_OLD;
+        else if (strcmp(dp, "c8") == 0)
+            be->att_decode = CU_ATT_DECODE_CLUSTER8;
+        else if (strcmp(dp, "new") != 0 && *dp != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_DECODE='%s' ignored: 'new', 'c8' or 'old' is "
+                     "expected", dp);
+    }
+    be->gemv_mode = CU_GEMV_NEW;
+    if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(gv, "old") == 0)
+            be->gemv_mode = CU_GEMV_OLD;
+        else if (strcmp(gv, "async") == 0)
+            be->gemv_mode = CU_GEMV_ASYNC;
+        else if (strcmp(gv, "new") != 0)
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV='%s' ignored: 'new', 'async' or 'old' is expected",
+                     gv);
+    }
+    be->skinny_min_m = CU_SKINNY_MIN_M;
+    if (const char *sm = getenv("BERTH_CUDA_SKINNY")) { /* a measurement switch (docs/config.md) */
+        char *end = NULL;
+        const long v = strtol(sm, &end, 10);
+        if (end != sm && *end == '\0' && (v == 0 || (v >= 2 && v <= 64)))
+            be->skinny_min_m = (int)v;
+        else if (strcmp(sm, "1") != 0 && *sm != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY='%s' ignored: 0 (off), 1 (on) or the smallest M "
+                     "in 2..64 is expected", sm);
+    }
+    be->skinny_max_m = CU_SKINNY_MAX_M;
+    if (const char *sx = getenv("BERTH_CUDA_SKINNY_MAX")) { /* a measurement switch (docs/config.md) */
+        char *end = NULL;
+        const long v = strtol(sx, &end, 10);
+        if (end != sx && *end == '\0' && v >= 2 && v <= 64)
+            be->skinny_max_m = (int)v;
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
+                     "expected", sx);
+    }
+    if (const char *bn = getenv("BERTH_CUDA_SKINNY_BN")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(bn, "64") == 0 || strcmp(bn, "128") == 0 || strcmp(bn, "256") == 0)
+            be->skinny_bn = atoi(bn);
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_BN='%s' ignored: 64, 128 or 256 is expected", bn);
+    }
+    /* Off by default: on the H200 the fused tail measured slower than the second launch (E2B batch 1: 420 against
+     * 444 tok/s, bench/RESULTS.md session 4). BERTH_CUDA_GEMV_NORM=1..8 turns it on up to that M. */
+    be->gemv_norm = 0;
+    if (const char *gn = getenv("BERTH_CUDA_GEMV_NORM")) { /* a measurement switch (docs/config.md) */
+        if (gn[0] >= '0' && gn[0] <= '8' && gn[1] == '\0')
+            be->gemv_norm = gn[0] - '0';
+        else if (*gn != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV_NORM='%s' ignored: 0 (off) or the largest M in 1..8 "
+                     "is expected", gn);
     }
     be->ck.weight_dtypes = CU_WEIGHT_DTYPES;
     be->ck.act_dtypes = CU_ACT_DTYPES;
@@ -467,6 +525,16 @@ static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
     st = cu_check(be, cudaStreamCreateWithFlags(&s->cs, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
     if (st != BERTH_OK) {
         free(s);
+        return st;
+    }
+    /* the GEMV's arrival counter (gemv_norm.cuh): zero before any kernel or recording can use it */
+    st = cu_check(be, cudaMalloc((void **)&s->ynorm_count, sizeof *s->ynorm_count), "cudaMalloc (stream counter)");
+    if (st == BERTH_OK)
+        st = cu_check(be, cudaMemsetAsync(s->ynorm_count, 0, sizeof *s->ynorm_count, s->cs), "cudaMemsetAsync");
+    if (st == BERTH_OK)
+        st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
+    if (st != BERTH_OK) {
+        stream_free(s);
         return st;
     }
     s->next = be->streams;

@@ -73,6 +73,8 @@ struct berth_stream {
     struct cu_workspace host;   /* pinned host scratch for per-call host arrays (sampling parameters) */
     cudaEvent_t host_free;      /* recorded after the last copy out of `host`: wait before rewriting it */
     int host_pending;           /* host_free was recorded and not yet waited for */
+    unsigned int *ynorm_count;  /* device: the GEMV's arrival counter for a trailing norm it finishes itself
+                                 * (gemv_norm.cuh); 0 between kernels; made and zeroed with the stream */
 };
 
 struct berth_backend {
@@ -95,10 +97,33 @@ struct berth_backend {
                                  * yet, CU_PDL_OFF or CU_PDL_ON (env BERTH_CUDA_PDL=0 turns it off) */
     int att_split_keys;         /* decode attention: fewest keys per split (env BERTH_CUDA_ATT_SPLIT_KEYS, read at
                                  * init; default 16) */
+    int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
+    int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
+                                 * default new; for A/B runs) */
+    int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never
+                                 * (env BERTH_CUDA_SKINNY: 0 off, 2..64 the bound, read at init; default below) */
+    int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
+    int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256, else its
+                                 * own choice per shape (env BERTH_CUDA_SKINNY_BN, read at init; for tuning runs) */
+    int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
+                                 * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 8; for A/B runs) */
 };
+
+#define CU_SKINNY_MIN_M 5 /* below: the GEMV, whose fp32 FMAs per weight are cheap enough up to M = 4 */
+/* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
+ * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
+#define CU_SKINNY_MAX_M 16
 
 #define CU_PDL_OFF 1
 #define CU_PDL_ON 2
+
+#define CU_ATT_DECODE_CLUSTER 0  /* attention_decode.cu: one launch, clusters of up to 16 blocks (default) */
+#define CU_ATT_DECODE_CLUSTER8 1 /* the same, clusters of at most 8 blocks (BERTH_CUDA_ATT_DECODE=c8) */
+#define CU_ATT_DECODE_OLD 2      /* attention.cu's split-K kernel + combine kernel (BERTH_CUDA_ATT_DECODE=old) */
+
+#define CU_GEMV_NEW 0   /* gemv.cu, loads into registers */
+#define CU_GEMV_OLD 1   /* matmul.cu's general GEMV kernel */
+#define CU_GEMV_ASYNC 2 /* gemv.cu, cp.async loads through shared memory */
 
 /* ---- errors (cuda_backend.cu) ---- */
 berth_status cu_fail(const berth_host *host, berth_status code, const char *fmt, ...)
@@ -213,6 +238,10 @@ CU_DECLARE_OP(sample, berth_sample_params)
 #undef CU_DECLARE_OP
 /* The matmul member of the op table (norm.cu): cu_op_matmul, then the trailing rms_norm (y_norm) when given. */
 berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p);
+/* cu_op_matmul (matmul.cu) that may also finish p's trailing norm: when yn_done is not NULL and the product's
+ * kernel can (gemv_norm.cuh), it does and sets *yn_done; otherwise *yn_done is left alone and nothing of the norm
+ * is enqueued. */
+berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done);
 
 /* Common op prologue: exec-mode check (message through the host), then cu_enter. Used as the first line of each
  * cu_op_NAME: CU_OP_BEGIN(be, NAME, p); */

@@ -12,9 +12,13 @@
  *    they do not evict x, which every team re-reads through L1 (M*K floats: 48 KiB at K = 12288, M = 1).
  *    bf16/f16 are widened in registers (a shift or cvt), never converted up front. Rows of w that are not 16-byte
  *    aligned (odd K, K not a multiple of 16 bytes, odd offsets) take the same kernel with scalar loads; x rows
- *    that are not 16-byte aligned are gathered into the workspace first (M*K floats).
- *  - Batched decode (9 <= M <= 64, bf16 mode, bf16/f16 weights, BERTH_CUDA_SKINNY=1) is still weight bound and
- *    goes to the weight-streaming tensor-core kernel of matmul_skinny.cu where its layout rules allow.
+ *    that are not 16-byte aligned are gathered into the workspace first (M*K floats). M = 1 with 16-byte chunks
+ *    goes to gemv.cu's kernel instead (8 loads in flight per thread instead of 4, ~20 SASS instructions per bf16
+ *    chunk instead of ~39: see there); BERTH_CUDA_GEMV=old (read at init) keeps it on this one for A/B runs.
+ *    Larger M stays here: its R = 4 rows and MB accumulators per thread leave no registers for more loads.
+ *  - Batched decode (bf16 mode, bf16/f16 weights, 5 <= M <= 64 by default: BERTH_CUDA_SKINNY) is still weight
+ *    bound and goes to the weight-streaming tensor-core kernel of matmul_skinny.cu (with the norm prologue and
+ *    the gated epilogue) where its layout rules allow.
  *  - Larger M is compute bound: cuBLAS. In bf16 compute mode, bf16/f16 weights stay as stored and x is rounded to
  *    the weight dtype into the stream workspace, then a tensor-core GEMM with fp32 output and fp32 accumulation;
  *    f32 weights use CUBLAS_COMPUTE_32F_FAST_16BF. In fp32 mode f32 weights use CUBLAS_COMPUTE_32F (the handle
@@ -35,11 +39,14 @@
  *    kernel writes; x, y and bias are touched only after the wait.
  *  - The RMS-norm prologue (x_norm_mode) is applied by the pass that gathers x (mm_pack_x: one block per row
  *    computes rstd and writes the normalised row, f32 for the GEMV, the weight dtype for cuBLAS), so the product
- *    kernels never see it; the skinny kernel does not take it (cuBLAS runs instead). Folding it into the GEMV's
+ *    kernels never see it; the skinny kernel applies it itself (matmul_skinny.cu). Folding it into the GEMV's
  *    dot products (squares summed alongside, the norm weight multiplied into x per chunk) was measured on the
  *    H200 and dropped: the M = 1 GEMV is close to the SM's instruction-issue limit at full bandwidth, and the
  *    extra multiply-adds per weight chunk made the qkv and gate|up products 1.5-2x slower than the gather launch
  *    they saved (batch-1 decode 372 -> 323 tok/s).
+ *  - A trailing norm (y_norm) after a plain GEMV product runs in the grid's last block (gemv_norm.cuh; the
+ *    kernels' YN instances) instead of a second launch, where cu_ynorm_plan allows; cu_op_matmul_then_norm
+ *    (norm.cu) launches it otherwise.
  *  - No split-K: at the Gemma 4 decode shapes the team-size rule below already has every (row, 16-byte chunk)
  *    load of the small matrices in flight at once (N = 256..512, K = 1536: 256-thread teams, one chunk per thread
  *    per row), and the tall ones (K = 6144..12288, N = 1536) fill the GPU in one wave with 4 loads per thread in
@@ -49,18 +56,21 @@
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
+#include "gemv.cuh"
 
 #include <inttypes.h>
 #include <limits.h>
 #include <string.h>
 
-/* matmul_skinny.cu: the weight-streaming tensor-core kernel for 9 <= M <= 64 (bf16 mode, opt-in); *ran false
- * when it does not apply (nothing enqueued). */
+/* matmul_skinny.cu: the weight-streaming tensor-core kernel for be->skinny_min_m <= M <= 64 (bf16 mode); *ran
+ * false when it does not apply (nothing enqueued). */
 berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
                               int64_t K, bool *ran);
 
 #define MM_GEMV_MAX_M 8                  /* M up to this uses the GEMV kernel in both compute modes */
 #define MM_THREADS 256                   /* GEMV block size */
+static_assert(MM_THREADS == CU_YNORM_THREADS && MM_GEMV_MAX_M <= CU_YNORM_THREADS / 32,
+              "the trailing norm (gemv_norm.cuh): a warp per row");
 #define MM_SLAB_BYTES ((int64_t)64 << 20) /* fp32 mode, bf16/f16 weights: widened rows per cuBLAS call */
 #define MM_WS_ALIGN 256
 /* GEMV blocks per SM the register allocation must allow (48 / 64 / 128 registers): 40 resident warps keep enough
@@ -101,6 +111,7 @@ struct mm_gemv_args {
     int32_t glu;                   /* BERTH_GLU_NONE / HALVES / MUL */
     int32_t glu_act;
     const float *u[MM_GEMV_MAX_M]; /* MUL: row m of y_glu_up */
+    cu_ynorm yn;                   /* the trailing norm the last block runs on y (count NULL: none; gemv_norm.cuh) */
 };
 
 /* Factor the prologue's weight mode applies to x[k]: w, 1 + w, or 1 (UNIT). */
@@ -287,8 +298,9 @@ static __device__ __forceinline__ void mm_step_loads(mm_chunk<WDT, VEC> (&c0)[R]
             c1[r].load(wr[r], c + tpr);
 }
 
-template <int WDT, int MB, int R, bool VEC, int GLU>
-__global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(const mm_gemv_args a)
+template <int WDT, int MB, int R, bool VEC, int GLU, bool YN>
+__global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB))
+mm_gemv_kernel(const mm_gemv_args a)
 {
     __shared__ float red[MM_THREADS / 32][MB * R];
     cu_pdl_trigger();
@@ -381,6 +393,8 @@ __global__ void __launch_bounds__(MM_THREADS, mm_min_blocks(MB)) mm_gemv_kernel(
     } else if (active && t < MB * RO) { /* every lane holds every sum: lane t stores output t */
         mm_lane_store<MB, R, RO, GLU>(a, n0, t, acc);
     }
+    if constexpr (YN) /* the trailing norm (gemv_norm.cuh) */
+        cu_ynorm_finish(a.yn);
 }
 
 template <int WDT, int MB>
@@ -393,14 +407,17 @@ static cudaError_t mm_gemv_launch_mb(berth_backend *be, bool vec, unsigned block
      * over cu_act's formulas in every instance made the M = 8 kernel ~40% slower) */
     switch (a.glu) {
     case BERTH_GLU_HALVES:
-        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_HALVES>, a)
-                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_HALVES>, a);
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_HALVES, false>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_HALVES, false>, a);
     case BERTH_GLU_MUL:
-        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_MUL>, a)
-                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_MUL>, a);
-    default:
-        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_NONE>, a)
-                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_NONE>, a);
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_MUL, false>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_MUL, false>, a);
+    default: /* the trailing norm (a.yn) only follows a plain product; instances without it carry no code for it */
+        if (a.yn.count)
+            return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_NONE, true>, a)
+                       : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_NONE, true>, a);
+        return vec ? cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, true, BERTH_GLU_NONE, false>, a)
+                   : cu_launch(be, cs, g, b, 0, mm_gemv_kernel<WDT, MB, R, false, BERTH_GLU_NONE, false>, a);
     }
 }
 
@@ -634,8 +651,10 @@ static int mm_log2_floor(int64_t v) /* 0 for v <= 1 */
     return l;
 }
 
+/* The GEMV paths; with yn_done, the kernel also finishes p's trailing norm where cu_ynorm_plan allows (then
+ * *yn_done = true once it is enqueued). */
 static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
-                            int64_t K)
+                            int64_t K, bool *yn_done)
 {
     const int wdt = p->w.dtype;
     const int64_t es = (int64_t)mm_dtype_size(wdt);
@@ -677,6 +696,32 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         for (int64_t m = 0; m < M; m++)
             a.x[m] = (const float *)ws + m * ld;
     }
+    /* the trailing norm in the kernel: after a plain product only (the kernels with an epilogue carry no tail) */
+    const bool fuse = yn_done && opck_matmul_y_norm(p) && a.glu == BERTH_GLU_NONE &&
+                      cu_ynorm_plan(be, s, opck_matmul_y_norm(p), M, &a.yn);
+    if (M == 1 && vec && be->gemv_mode != CU_GEMV_OLD) { /* gemv.cu's batch-1 kernel (x is 16-byte aligned here) */
+        cu_gemv1_args g;
+        memset(&g, 0, sizeof g);
+        g.x = a.x[0];
+        g.y = a.y[0];
+        g.u = a.u[0];
+        g.w = a.w;
+        g.ldw = a.ldw;
+        g.bias = a.bias;
+        g.N = a.N;
+        g.nch = (int32_t)a.nch;
+        g.wdt = wdt;
+        g.bias_dt = a.bias_dt;
+        g.accumulate = a.accumulate;
+        g.glu = a.glu;
+        g.glu_act = a.glu_act;
+        g.early = a.early;
+        g.yn = a.yn;
+        const berth_status st = cu_check(be, cu_gemv1(be, s->cs, g), "matmul: gemv kernel (gemv.cu)");
+        if (st == BERTH_OK && fuse)
+            *yn_done = true;
+        return st;
+    }
     for (int64_t m = M; m < MM_GEMV_MAX_M; m++) {
         a.x[m] = a.x[0];
         a.y[m] = a.y[0];
@@ -714,7 +759,10 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     case BERTH_DTYPE_F16: e = mm_gemv_launch_w<BERTH_DTYPE_F16>(be, mb, vec, blocks, s->cs, a); break;
     default: e = mm_gemv_launch_w<BERTH_DTYPE_F32>(be, mb, vec, blocks, s->cs, a); break;
     }
-    return cu_check(be, e, "matmul: gemv kernel");
+    const berth_status st = cu_check(be, e, "matmul: gemv kernel");
+    if (st == BERTH_OK && fuse)
+        *yn_done = true;
+    return st;
 }
 
 /* The one byte stride that walks all rows of t in order, if there is one (a single row: 0). */
@@ -889,18 +937,22 @@ bool cu_check_matmul(const berth_backend *be, struct opck *c, const berth_matmul
 
 berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
+    return cu_matmul_run(be, s, p, NULL);
+}
+
+berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done)
+{
     CU_OP_BEGIN(be, matmul, p);
     const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
     if (M == 0 || N == 0)
         return BERTH_OK;
+    /* matmul_skinny.cu first: batched decode in bf16 mode (be->skinny_min_m <= M <= 64, its layout rules); when it
+     * declines, the GEMV up to M = 8, cuBLAS above */
+    bool ran = false;
+    const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
+    if (st != BERTH_OK || ran)
+        return st;
     if (M <= MM_GEMV_MAX_M)
-        return mm_gemv(be, s, p, M, N, K);
-    bool ran = false; /* matmul_skinny.cu: batched-decode M in bf16 mode; when it declines, cuBLAS */
-    if (opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && opck_matmul_glu(p) == BERTH_GLU_NONE) {
-        /* the skinny kernel has neither the norm prologue nor the gated epilogue */
-        const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
-        if (st != BERTH_OK || ran)
-            return st;
-    }
+        return mm_gemv(be, s, p, M, N, K, yn_done);
     return mm_blas(be, s, p, M, N, K);
 }

@@ -1,66 +1,113 @@
 /*
- * matmul_skinny.cu — y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]) (+ y[m, n]) for 9 <= M <= 64 in BF16 compute
- * mode with bf16 / f16 weights: a weight-streaming tensor-core kernel (called by matmul.cu before its cuBLAS path).
+ * matmul_skinny.cu — batched-decode products (2 <= M <= 64 rows of x) in BF16 compute mode with bf16 / f16 weights:
+ * y[m, n] = sum_k x[m, k] w[n, k], with matmul's RMS-norm prologue, bias, accumulate and gated (GLU) epilogue, on
+ * the tensor cores, streaming every weight once. matmul.cu calls it first for M in [be->skinny_min_m, 64].
  *
- * Why: at batched decode (M = 16..64 sequences) a matmul reads every weight once and does 2*M flops per weight, so
- * it is still bound by memory bandwidth, but cuBLAS's GEMM tiles are built for large M and reach a fraction of it
- * at these shapes, and the GEMV's registers do not scale past M = 8. Here each block owns SK_BN = 128 rows of w
- * and all M rows of x, and streams its w rows over K in 16-byte cp.async loads through a 3-4 stage shared-memory
- * ring (SK_BK = 64 columns per stage: 16 KiB of weights), so two blocks per SM keep 64+ KiB of loads in flight.
- * The x tile of the same columns (M x 64 floats, read from L2: x is small) rides in the same stage as f32 and is
- * rounded to the weight dtype while the A fragments are built; rows M..16*MT-1 are zeros. Each of the 4 warps
- * multiplies all of x by its 32 rows of w with mma.sync m16n8k16 (bf16 or f16 operands, fp32 accumulators): the
- * same numerics class as the cuBLAS bf16 path (x rounded to the weight dtype, fp32 accumulation).
+ * Why it is built this way:
+ *  - At decode a product reads each weight once and does 2*M flops per weight: it is bound by memory bandwidth up
+ *    to M = 64 (64 flops per weight byte; mma.sync sustains ~150 per byte of the H200's bandwidth), and at the
+ *    small E2B matrices (1-8 MB) by latency. So the kernel's only jobs are to keep enough weight bytes in flight,
+ *    to start them early, and to finish in one launch. cuBLAS's GEMMs needed an x gather before and a GLU/reduce
+ *    kernel after.
+ *  - Weights are the mma's A operand (m16n8k16: 16 rows of w x 16 k), x is the B operand (8 sequences per n8
+ *    tile), so M = 2..8 costs one n8 tile and no padded mma rows; accumulators are fp32. Each warp owns 32 rows of
+ *    w (two m16 tiles) and all NT = ceil(M / 8) (bucketed 1, 2, 4, 6, 8) n8 tiles: every x fragment read from
+ *    shared memory feeds two mmas, every w fragment NT.
+ *  - A block owns BN rows of w (64, 128 or 256; the host picks per shape) and a range of K. Its w rows stream in
+ *    16-byte cp.async chunks (L2 only) through an S-stage ring of 64-column k tiles (rows XOR-swizzled in 16-byte
+ *    units, so ldmatrix reads them without bank conflicts); the f32 x tile of the same columns (and the norm
+ *    weight's) rides in the same stage. S is as deep as the shared-memory budget allows: two blocks per SM for
+ *    BN <= 128 (<= 110 KiB each, leaving room for a small successor kernel under PDL), one for BN = 256.
+ *  - x is converted once per k tile, by all threads, into a bf16 (f16) tile that every warp then reads with
+ *    ldmatrix; the norm prologue's weight multiplies x there and its sum of squares is gathered there. So x is
+ *    rounded to the weight dtype exactly as the cuBLAS path rounds it, with one difference under the prologue: the
+ *    row's 1/rms is applied to the fp32 product in the epilogue (it needs the whole row; a block may see only a
+ *    K range) instead of before the rounding — the same error class (one 2^-9 rounding per product term).
+ *  - Split-K without a second kernel: when N / BN blocks leave the GPU short of loads in flight, the K tiles are
+ *    split over a thread-block cluster along gridDim.y (up to 8, or 16 where the device schedules it). Each block
+ *    leaves its fp32 partial tile in its own shared memory; after a cluster barrier every block sums a slice of
+ *    the outputs over all blocks' partials through distributed shared memory, in block order (deterministic),
+ *    and applies the epilogue. Without a split the same code runs on the block's own partials.
+ *  - The epilogue goes through shared memory so that a thread writes consecutive n of one row (coalesced), and so
+ *    that a block of the HALVES epilogue, which holds BN/2 gate rows and the BN/2 matching up rows, pairs them.
+ *  - PDL (cuda_launch.cuh): when w is a BERTH_USAGE_WEIGHTS buffer (no kernel writes it) the first S-1 stages of
+ *    weight loads are issued before cu_pdl_wait(), while the previous kernel still runs; x, the norm weight, bias
+ *    and y are touched only after it.
  *
- * Split-K: when N / SK_BN blocks would not fill the GPU (N = 1536, 256, 2560 at K >= 1536), the K tiles are split
- * over blockIdx.y; each split writes its fp32 partial product to the stream workspace and a second kernel adds the
- * partials in split order (deterministic), the bias and the old y. Without a split the epilogue does that itself.
+ * Layout rules (else the caller's GEMV / cuBLAS path runs): w 16-byte aligned with rows a multiple of 16 bytes
+ * apart and K a multiple of 8; the norm weight (modes W, W_ONE_PLUS) 16-byte aligned. x and y rows are free
+ * (per-row pointers; 16-byte x loads where every row is 16-byte aligned, else 4-byte ones).
  *
- * PDL (cuda_launch.cuh): when w lives in a BERTH_USAGE_WEIGHTS buffer (no kernel writes it) the first stages'
- * weight loads are issued before cu_pdl_wait(); x, y, bias and the workspace are touched only after it.
- *
- * Opt-in for now: BERTH_CUDA_SKINNY=1 in the environment enables it (read at each call); otherwise matmul.cu
- * keeps its cuBLAS path for M > 8.
+ * Switches (read at backend init, cuda_backend.cu; docs/config.md): BERTH_CUDA_SKINNY 0 off, 2..64 the smallest M
+ * it takes (default CU_SKINNY_MIN_M); BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width (tuning runs).
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
 
-#include <stdlib.h>
+#include <cooperative_groups.h>
 #include <string.h>
 
-#define SK_MIN_M 9
+namespace cg = cooperative_groups;
+
 #define SK_MAX_M 64
-#define SK_BN 128                 /* rows of w per block */
-#define SK_BK 64                  /* columns (k) per stage */
-#define SK_THREADS 128            /* 4 warps, 32 rows of w each */
-#define SK_WROW (SK_BK * 2 + 16)  /* bytes per w row in shared memory: padded so ldmatrix rows hit distinct banks */
-#define SK_XROW (SK_BK + 8)       /* floats per x row in shared memory: padded so float2 fragment loads do not clash */
-#define SK_MAX_SPLITS 32
-#define SK_MIN_KT_PER_SPLIT 2     /* k tiles per split at least: fewer would be mostly prologue */
+#define SK_BK 64                 /* k columns per stage */
+#define SK_MAX_STAGES 8
+#define SK_PORTABLE_CLUSTER 8
+#define SK_MAX_CLUSTER 16        /* non-portable cluster size (sm_90); used only where the occupancy query allows */
+#define SK_MIN_KT_PER_SPLIT 2    /* k tiles per split at least */
+#define SK_GPC_SMS 16            /* SMs of the smallest GPC (H100 / H200: 16 or 18), where a cluster must fit */
+/* Dynamic shared memory per block: two blocks per SM (BN <= 128) or one (BN = 256), each leaving ~6 KiB of the
+ * SM's 228 KiB for a block of the next kernel (PDL) and the 1 KiB the runtime reserves per block. */
+#define SK_SMEM_TWO (110 * 1024)
+#define SK_SMEM_ONE (220 * 1024)
 
-/* Stages of the ring for MT m16 tiles: 4 while x is small, 3 at M > 32, so two blocks fit an SM (< 113 KiB). */
-#define SK_STAGES(MT) ((MT) <= 2 ? 4 : 3)
-
-static constexpr size_t sk_smem_bytes(int mt)
-{
-    return (size_t)SK_STAGES(mt) * ((size_t)SK_BN * SK_WROW + (size_t)mt * 16 * SK_XROW * 4);
-}
+/* The tiling of one kernel instance: BN rows of w per block, NT n8 tiles of x. */
+template <int BN, int NT>
+struct sk_shape {
+    static constexpr int MP = NT * 8;                  /* x rows in the tile (M padded) */
+    static constexpr int THREADS = BN == 256 ? 256 : 128;
+    static constexpr int RG = BN / 32;                 /* warps along w rows (32 rows each) */
+    static constexpr int KP = THREADS / 32 / RG;       /* warps along k within a tile (BN = 64: 2) */
+    static constexpr int WBYTES = BN * SK_BK * 2;      /* w tile: BN rows of 128 bytes, swizzled */
+    static constexpr int XBYTES = MP * SK_BK * 4;      /* x tile, f32 rows of 256 bytes */
+    static constexpr int GBYTES = SK_BK * 4;           /* the norm weight's 64 values, raw (<= 4 bytes each) */
+    static constexpr int STAGE = WBYTES + XBYTES + GBYTES;
+    static constexpr int XB = MP * SK_BK * 2;          /* the converted x tile: bf16/f16 rows of 128 bytes */
+    static constexpr int SSB = SK_MAX_M * 4;           /* the block's sums of squares per x row */
+    static constexpr int BUDGET = BN == 256 ? SK_SMEM_ONE : SK_SMEM_TWO;
+    static constexpr int S0 = (BUDGET - XB - SSB) / STAGE;
+    static constexpr int S = S0 > SK_MAX_STAGES ? SK_MAX_STAGES : S0;
+    static constexpr int PITCH = BN + 4;               /* floats per row of the partial tile: conflict-free stores */
+    static constexpr int PART = KP * MP * PITCH * 4;   /* partial tile [KP][MP][PITCH], over the ring at the end */
+    static constexpr size_t SMEM = (size_t)S * STAGE + XB + SSB;
+    static constexpr int WCH = BN * 8 / THREADS;       /* 16-byte w chunks per thread per stage */
+    static constexpr int XCH = MP * 16 / THREADS;      /* 16-byte x chunks per thread per stage */
+    static constexpr int XEL = MP * SK_BK / THREADS;   /* x elements per thread per stage (4-byte loads) */
+    static_assert(S >= 3, "at least two stages in flight");
+    static_assert(PART <= S * STAGE, "the partial tile reuses the ring");
+    static_assert(XCH >= 1 && THREADS % 64 == 0, "thread mappings");
+};
 
 struct sk_args {
     const float *x[SK_MAX_M]; /* row m of x */
     float *y[SK_MAX_M];       /* row m of y */
+    const float *u[SK_MAX_M]; /* GLU MUL: row m of y_glu_up */
     const char *w;
     int64_t ldw;              /* bytes between rows of w (a multiple of 16) */
-    const void *bias;         /* NULL: none */
-    float *part;              /* split-K partials [split][M][N]; NULL: one split, the epilogue writes y */
-    int32_t M, N, K;
-    int32_t kt_per_split;     /* k tiles per blockIdx.y */
-    int32_t nkt;              /* k tiles in all: ceil(K / SK_BK) */
-    int32_t splits;
+    const void *bias;         /* NULL: none (HALVES: 2N entries) */
+    const void *gw;           /* norm weight (modes W, W_ONE_PLUS; 16-byte aligned), else NULL */
+    int32_t M, N, K;          /* N: outputs (HALVES: half the rows of w) */
+    int32_t nkt;              /* k tiles: ceil(K / SK_BK) */
+    int32_t kt_per_split;     /* k tiles per block of a cluster (gridDim.y blocks split K) */
     int32_t bias_dt;
+    int32_t g_dt, g_es;       /* norm weight dtype and element size */
+    int32_t norm_mode;        /* BERTH_NORM_*: W_NONE = no prologue */
+    float eps;
+    int32_t glu, act;         /* BERTH_GLU_*, BERTH_ACT_* */
     int32_t accumulate;
     int32_t early;            /* w may be read before cu_pdl_wait */
+    int32_t xvec;             /* every x row 16-byte aligned: 16-byte x loads */
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -122,335 +169,610 @@ static __device__ __forceinline__ void sk_mma(float (&d)[4], const uint32_t (&a)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-static __device__ __forceinline__ void sk_ldmatrix_x4(uint32_t addr, uint32_t (&r)[4])
+static __device__ __forceinline__ void sk_ldsm4(uint32_t addr, uint32_t &r0, uint32_t &r1, uint32_t &r2,
+                                                uint32_t &r3)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
 
-/* Weight loads of k tile kt into stage buffer ws (SK_BN rows x SK_WROW bytes). Rows past N are never loaded (zeroed
- * once); columns past K are zero-filled. */
-static __device__ __forceinline__ void sk_load_w(const sk_args &a, int n0, int kt, uint32_t ws)
+static __device__ __forceinline__ void sk_ldsm2(uint32_t addr, uint32_t &r0, uint32_t &r1)
 {
-    const int k0 = kt * SK_BK;
-#pragma unroll
-    for (int i = 0; i < SK_BN * (SK_BK / 8) / SK_THREADS; i++) {
-        const int id = i * SK_THREADS + (int)threadIdx.x;
-        const int r = id >> 3, c = id & 7; /* 8 chunks of 8 elements per row */
-        if (n0 + r < a.N) {
-            const int k = k0 + c * 8;
-            const char *row = a.w + (int64_t)(n0 + r) * a.ldw;
-            sk_cp16(ws + (uint32_t)(r * SK_WROW + c * 16), k < a.K ? row + (int64_t)k * 2 : row, k < a.K ? 16 : 0);
-        }
-    }
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
 }
 
-/* x loads of k tile kt into stage buffer xs (16*MT rows x SK_XROW floats). Rows past M are never loaded (zeroed
- * once); columns past K are zero-filled. XVEC: 16-byte chunks (rows 16-byte aligned, K a multiple of 4). */
-template <int MT, bool XVEC>
-static __device__ __forceinline__ void sk_load_x(const sk_args &a, int kt, uint32_t xs)
+/* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: chunks are XOR-swizzled by the row's low 3
+ * bits, so the 8 rows an ldmatrix reads at one logical chunk hit 8 different 16-byte bank groups. */
+static __host__ __device__ __forceinline__ uint32_t sk_swz(int r, int c)
 {
-    const int k0 = kt * SK_BK;
-    if (XVEC) {
-#pragma unroll
-        for (int i = 0; i < MT * 16 * (SK_BK / 4) / SK_THREADS; i++) {
-            const int id = i * SK_THREADS + (int)threadIdx.x;
-            const int r = id >> 4, c = id & 15; /* 16 chunks of 4 floats per row */
-            if (r < a.M) {
-                const int k = k0 + c * 4;
-                const float *row = a.x[r];
-                sk_cp16(xs + (uint32_t)((r * SK_XROW + c * 4) * 4), k < a.K ? row + k : row, k < a.K ? 16 : 0);
-            }
-        }
-    } else {
-#pragma unroll 4
-        for (int i = 0; i < MT * 16 * SK_BK / SK_THREADS; i++) {
-            const int id = i * SK_THREADS + (int)threadIdx.x;
-            const int r = id >> 6, c = id & 63;
-            if (r < a.M) {
-                const int k = k0 + c;
-                const float *row = a.x[r];
-                sk_cp4(xs + (uint32_t)((r * SK_XROW + c) * 4), k < a.K ? row + k : row, k < a.K ? 4 : 0);
-            }
-        }
-    }
+    return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+}
+
+/* The factor the prologue's weight mode applies to x[k] (g widened from the stage's raw copy). */
+static __device__ __forceinline__ float sk_norm_factor(int mode, float g)
+{
+    return mode == BERTH_NORM_W_ONE_PLUS ? 1.0f + g : g;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Kernels.
+// The kernel.
 
-template <int WDT, int MT, bool XVEC>
-__global__ void __launch_bounds__(SK_THREADS, 2) sk_kernel(const __grid_constant__ sk_args a)
+/* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x all M rows of x, over k tiles
+ * [blockIdx.y * kt_per_split, ...). gridDim.y > 1 only as a cluster of that many blocks (see the top comment). */
+template <int WDT, int NT, int BN>
+__global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
+    sk_kernel(const __grid_constant__ sk_args a)
 {
-    constexpr int S = SK_STAGES(MT);
-    constexpr int WBYTES = SK_BN * SK_WROW, XBYTES = MT * 16 * SK_XROW * 4;
-    extern __shared__ __align__(16) unsigned char sk_smem[];
+    using C = sk_shape<BN, NT>;
+    constexpr int S = C::S, MP = C::MP, THREADS = C::THREADS;
+    extern __shared__ __align__(128) unsigned char sk_smem[];
     cu_pdl_trigger();
 
-    const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-    const int n0 = (int)blockIdx.x * SK_BN;
-    const int kt0 = (int)blockIdx.y * a.kt_per_split;
-    int kt1 = kt0 + a.kt_per_split;
-    kt1 = kt1 < a.nkt ? kt1 : a.nkt;
-    const int nt = kt1 - kt0; /* >= 1: the host never makes an empty split */
+    const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
+    const int splits = (int)gridDim.y, rank = (int)blockIdx.y;
+    const int kt0 = rank * a.kt_per_split;
+    const int nt = (a.nkt - kt0 < a.kt_per_split ? a.nkt - kt0 : a.kt_per_split); /* >= 1: no empty split */
+    const bool halves = a.glu == BERTH_GLU_HALVES;
+    const int NO = halves ? BN / 2 : BN; /* outputs per block */
+    const int n0 = (int)blockIdx.x * NO;
     const uint32_t base = sk_smem_addr(sk_smem);
-    /* stage s: w at base + s*WBYTES, x at base + S*WBYTES + s*XBYTES */
+    /* stage s: w at base + s*STAGE, x f32 at + WBYTES, norm weight at + WBYTES + XBYTES; then xb, then ssp */
+    const uint32_t xb = base + S * C::STAGE;
+    float *const ssp = reinterpret_cast<float *>(sk_smem + S * C::STAGE + C::XB);
 
-    /* Rows no load writes (w past N, x past M) are zero in every stage: products with them are 0, never NaN. */
-    {
-        const int wrows = a.N - n0 < SK_BN ? a.N - n0 : SK_BN;
-        for (int s = 0; s < S; s++) {
-            uint4 *wz = reinterpret_cast<uint4 *>(sk_smem + s * WBYTES + wrows * SK_WROW);
-            for (int i = (int)threadIdx.x; i < (SK_BN - wrows) * SK_WROW / 16; i += SK_THREADS)
-                wz[i] = make_uint4(0, 0, 0, 0);
-            float4 *xz = reinterpret_cast<float4 *>(sk_smem + S * WBYTES + s * XBYTES + a.M * SK_XROW * 4);
-            for (int i = (int)threadIdx.x; i < (MT * 16 - a.M) * SK_XROW / 4; i += SK_THREADS)
-                xz[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+    /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8; NULL rows (past N) are never
+     * loaded — their smem rows hold garbage that only reaches outputs nobody stores. */
+    const int wc = t & 7;
+    const char *wrow[C::WCH];
+#pragma unroll
+    for (int j = 0; j < C::WCH; j++) {
+        const int r = j * (THREADS / 8) + (t >> 3);
+        const int o = n0 + (halves && r >= BN / 2 ? r - BN / 2 : r);
+        const int64_t row = halves && r >= BN / 2 ? (int64_t)a.N + o : o;
+        wrow[j] = o < a.N ? a.w + row * a.ldw + wc * 16 : nullptr;
     }
+    auto load_w = [&](int kt, int s) {
+        const uint32_t ws = base + s * C::STAGE;
+        const bool in = kt * SK_BK + wc * 8 < a.K; /* chunks past K are zero-filled */
+#pragma unroll
+        for (int j = 0; j < C::WCH; j++)
+            if (wrow[j])
+                sk_cp16(ws + sk_swz(j * (THREADS / 8) + (t >> 3), wc), in ? wrow[j] + kt * (SK_BK * 2) : wrow[j],
+                        in ? 16 : 0);
+    };
+    /* x (and the norm weight) of k tile kt into stage s; rows past M are never loaded (the conversion writes
+     * zeros for them), columns past K are zero-filled. */
+    auto load_x = [&](int kt, int s) {
+        const uint32_t xs = base + s * C::STAGE + C::WBYTES;
+        const int k0 = kt * SK_BK;
+        if (a.xvec) {
+            const int c4 = t & 15;
+            const bool in = k0 + c4 * 4 < a.K;
+#pragma unroll
+            for (int j = 0; j < C::XCH; j++) {
+                const int m = j * (THREADS / 16) + (t >> 4);
+                if (m < a.M)
+                    sk_cp16(xs + m * 256 + c4 * 16, in ? a.x[m] + k0 + c4 * 4 : a.x[m], in ? 16 : 0);
+            }
+        } else {
+            const int kx = t & 63;
+            const bool in = k0 + kx < a.K;
+#pragma unroll 4
+            for (int j = 0; j < C::XEL; j++) {
+                const int m = j * (THREADS / 64) + (t >> 6);
+                if (m < a.M)
+                    sk_cp4(xs + m * 256 + kx * 4, in ? a.x[m] + k0 + kx : a.x[m], in ? 4 : 0);
+            }
+        }
+        if (a.gw) {
+            const int per = 16 / a.g_es; /* elements per 16-byte chunk */
+            if (t < SK_BK / per) {
+                const bool in = k0 + t * per < a.K;
+                const char *g = static_cast<const char *>(a.gw);
+                sk_cp16(xs + C::XBYTES + t * 16, in ? g + (int64_t)k0 * a.g_es + t * 16 : g, in ? 16 : 0);
+            }
+        }
+    };
 
-    /* Prologue: stages 0..S-2. Weights before the wait when they are a weights buffer; one commit group per stage
-     * (the early weight loads join group 0, which completes first). */
+    /* Prologue: stages 0..S-2, one commit group each; weights before the wait when they are a weights buffer
+     * (uncommitted, they join group 0, which then completes no later than the others). */
     if (a.early)
         for (int s = 0; s < S - 1; s++)
             if (s < nt)
-                sk_load_w(a, n0, kt0 + s, base + s * WBYTES);
+                load_w(kt0 + s, s);
     cu_pdl_wait();
     for (int s = 0; s < S - 1; s++) {
         if (s < nt) {
             if (!a.early)
-                sk_load_w(a, n0, kt0 + s, base + s * WBYTES);
-            sk_load_x<MT, XVEC>(a, kt0 + s, base + S * WBYTES + s * XBYTES);
+                load_w(kt0 + s, s);
+            load_x(kt0 + s, s);
         }
         sk_commit();
     }
 
-    float acc[MT][4][4];
+    const bool norm = a.norm_mode != BERTH_NORM_W_NONE;
+    float acc[2][NT][4];
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++)
-                acc[m][j][q] = 0.0f;
+                acc[mt][j][q] = 0.0f;
+    float ss[C::XCH]; /* the prologue's sum of x^2 of this thread's conversion rows */
+#pragma unroll
+    for (int j = 0; j < C::XCH; j++)
+        ss[j] = 0.0f;
 
-    const int g = lane >> 2, t4 = lane & 3;
-    /* ldmatrix.x4 row address of this lane: matrices (rows +0..7, k +0), (+0..7, k +8), (+8..15, k +0), (+8..15,
-     * k +8) give b0/b1 of two n8 tiles */
-    const uint32_t b_lane =
-        (uint32_t)((warp * 32 + (lane & 7) + ((lane >> 4) << 3)) * SK_WROW + ((lane >> 3) & 1) * 16);
+    /* ldmatrix lane addresses. A (w, 16 x 16 per m16 tile): lanes 0-7 rows 0-7 / k 0-7, 8-15 rows 8-15 / k 0-7,
+     * 16-23 rows 0-7 / k 8-15, 24-31 rows 8-15 / k 8-15 -> a0..a3. B (x, rows = sequences): lanes 0-7 rows 0-7 /
+     * k 0-7, 8-15 rows 0-7 / k 8-15, 16-23 rows 8-15 / k 0-7, 24-31 rows 8-15 / k 8-15 -> b0, b1 of n8 tile j and
+     * b0, b1 of tile j + 1. Row & 7 == lane & 7 in both, the swizzle key. */
+    const int rg = C::KP == 1 ? warp : warp % C::RG, kp = C::KP == 1 ? 0 : warp / C::RG;
+    const int a_row = rg * 32 + (lane & 7) + ((lane >> 3) & 1) * 8, a_hi = lane >> 4;
+    const int b_row = (lane & 7) + ((lane >> 4) << 3), b_hi = (lane >> 3) & 1;
 
 #pragma unroll 1
     for (int i = 0; i < nt; i++) {
-        sk_wait_group<S - 2>(); /* tile i has landed (this thread's part) */
-        __syncthreads();        /* ... everyone's; and the stage loaded below was consumed at step i-1 */
+        sk_wait_group<S - 2>(); /* this thread's part of tile i has landed */
+        __syncthreads();        /* everyone's; and every warp is done with tile i-1 (its stage and xb are free) */
         {
             const int j = i + S - 1;
             if (j < nt) {
-                const int s = j % S;
-                sk_load_w(a, n0, kt0 + j, base + s * WBYTES);
-                sk_load_x<MT, XVEC>(a, kt0 + j, base + S * WBYTES + s * XBYTES);
+                load_w(kt0 + j, j % S);
+                load_x(kt0 + j, j % S);
             }
             sk_commit();
         }
         const int s = i % S;
-        const uint32_t wsb = base + s * WBYTES + b_lane;
-        const float *xs = reinterpret_cast<const float *>(sk_smem + S * WBYTES + s * XBYTES);
+        {
+            /* x tile -> xb in the weight dtype: thread t converts float4 chunk c4 of rows (t >> 4) + j *
+             * THREADS/16, applying the prologue's weight and summing squares. */
+            const float *xs = reinterpret_cast<const float *>(sk_smem + s * C::STAGE + C::WBYTES);
+            const int c4 = t & 15;
+            float f[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+            if (a.gw) {
+                const void *gs = sk_smem + s * C::STAGE + C::WBYTES + C::XBYTES;
 #pragma unroll
-        for (int kk = 0; kk < SK_BK / 16; kk++) {
-            uint32_t b[2][4];
-            sk_ldmatrix_x4(wsb + kk * 32, b[0]);
-            sk_ldmatrix_x4(wsb + 16 * SK_WROW + kk * 32, b[1]);
-#pragma unroll
-            for (int m = 0; m < MT; m++) {
-                const float *r0 = xs + (m * 16 + g) * SK_XROW + kk * 16 + 2 * t4;
-                const float *r1 = r0 + 8 * SK_XROW;
-                const float2 v0 = *reinterpret_cast<const float2 *>(r0);
-                const float2 v1 = *reinterpret_cast<const float2 *>(r1);
-                const float2 v2 = *reinterpret_cast<const float2 *>(r0 + 8);
-                const float2 v3 = *reinterpret_cast<const float2 *>(r1 + 8);
-                const uint32_t af[4] = {sk_pack2<WDT>(v0.x, v0.y), sk_pack2<WDT>(v1.x, v1.y),
-                                        sk_pack2<WDT>(v2.x, v2.y), sk_pack2<WDT>(v3.x, v3.y)};
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    sk_mma<WDT>(acc[m][j], af, b[j >> 1][(j & 1) * 2], b[j >> 1][(j & 1) * 2 + 1]);
+                for (int e = 0; e < 4; e++)
+                    f[e] = sk_norm_factor(a.norm_mode, cu_ld(gs, a.g_dt, c4 * 4 + e));
             }
+#pragma unroll
+            for (int j = 0; j < C::XCH; j++) {
+                const int m = j * (THREADS / 16) + (t >> 4);
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (m < a.M)
+                    v = reinterpret_cast<const float4 *>(xs + m * SK_BK)[c4];
+                if (norm) {
+                    ss[j] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[j]))));
+                    v.x *= f[0];
+                    v.y *= f[1];
+                    v.z *= f[2];
+                    v.w *= f[3];
+                }
+                uint2 pk;
+                pk.x = sk_pack2<WDT>(v.x, v.y);
+                pk.y = sk_pack2<WDT>(v.z, v.w);
+                *reinterpret_cast<uint2 *>(sk_smem + S * C::STAGE + sk_swz(m, c4 >> 1) + (c4 & 1) * 8) = pk;
+            }
+        }
+        __syncthreads(); /* xb complete */
+
+        const uint32_t ws = base + s * C::STAGE;
+#pragma unroll
+        for (int kq = 0; kq < SK_BK / 16 / C::KP; kq++) {
+            const int kk = kq * C::KP + kp; /* this warp's k16 steps of the tile */
+            uint32_t af[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                sk_ldsm4(ws + sk_swz(a_row + mt * 16, 2 * kk + a_hi), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
+            uint32_t bf[NT][2];
+            if constexpr (NT == 1) {
+                sk_ldsm2(xb + sk_swz(lane & 7, 2 * kk + b_hi), bf[0][0], bf[0][1]);
+            } else {
+#pragma unroll
+                for (int jp = 0; jp < NT / 2; jp++)
+                    sk_ldsm4(xb + sk_swz(jp * 16 + b_row, 2 * kk + b_hi), bf[2 * jp][0], bf[2 * jp][1],
+                             bf[2 * jp + 1][0], bf[2 * jp + 1][1]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+                    sk_mma<WDT>(acc[mt][j], af[mt], bf[j][0], bf[j][1]);
         }
     }
-    sk_wait_group<0>(); /* no cp.async may be left in flight at exit */
+    sk_wait_group<0>(); /* only empty groups can be left; none may be in flight when the ring is reused */
+    __syncthreads();    /* every warp is done reading the ring */
 
-    /* Epilogue: acc[m][j][q] is y[m*16 + g + (q >> 1)*8, n0 + warp*32 + j*8 + 2*t4 + (q & 1)]. */
+    /* The block's partial tile part[kp][m][r] (r: the block's w row) over the ring; acc[mt][j][q] is w row
+     * rg*32 + mt*16 + lane/4 + (q/2)*8, x row j*8 + 2*(lane%4) + q%2. PITCH = BN + 4 spreads the lanes over all
+     * 32 banks. */
+    float *const part = reinterpret_cast<float *>(sk_smem);
 #pragma unroll
-    for (int m = 0; m < MT; m++)
+    for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            const int row = m * 16 + g + (q >> 1) * 8;
-            if (row >= a.M)
-                continue;
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                const int n = n0 + warp * 32 + j * 8 + 2 * t4 + (q & 1);
-                if (n >= a.N)
-                    continue;
-                float v = acc[m][j][q];
-                if (a.part) {
-                    a.part[((int64_t)blockIdx.y * a.M + row) * a.N + n] = v;
-                } else {
-                    float *yr = a.y[row];
-                    if (a.bias)
-                        v += cu_ld(a.bias, a.bias_dt, n);
-                    if (a.accumulate)
-                        v += yr[n];
-                    yr[n] = v;
+            for (int q = 0; q < 4; q++) {
+                const int r = rg * 32 + mt * 16 + (lane >> 2) + (q >> 1) * 8;
+                const int m = j * 8 + 2 * (lane & 3) + (q & 1);
+                part[(kp * MP + m) * C::PITCH + r] = acc[mt][j][q];
+            }
+    if (norm)
+#pragma unroll
+        for (int j = 0; j < C::XCH; j++) { /* the 16 lanes converting one row hold its partial sums */
+            float v = ss[j];
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 2);
+            v += __shfl_xor_sync(0xffffffffu, v, 1);
+            if ((t & 15) == 0)
+                ssp[j * (THREADS / 16) + (t >> 4)] = v;
+        }
+    if (splits > 1)
+        cg::this_cluster().sync();
+    else
+        __syncthreads();
+
+    /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
+     * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
+    const int total = a.M * NO;
+    const int share = (total + splits - 1) / splits;
+    const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
+    for (int idx = i0 + t; idx < i1; idx += THREADS) {
+        const int m = idx / NO, r = idx - m * NO, n = n0 + r;
+        if (n >= a.N)
+            continue;
+        const int off = m * C::PITCH + r;
+        float z = 0.0f, zu = 0.0f, sq = 0.0f;
+        if (splits > 1) {
+            cg::cluster_group cl = cg::this_cluster();
+            float pz[SK_MAX_CLUSTER], pu[SK_MAX_CLUSTER], ps[SK_MAX_CLUSTER];
+#pragma unroll
+            for (int q = 0; q < SK_MAX_CLUSTER; q++) { /* all loads first: they overlap */
+                pz[q] = pu[q] = ps[q] = 0.0f;
+                if (q < splits) {
+                    const float *pq = cl.map_shared_rank(part, (unsigned)q);
+#pragma unroll
+                    for (int p = 0; p < C::KP; p++) {
+                        pz[q] += pq[p * MP * C::PITCH + off];
+                        if (halves)
+                            pu[q] += pq[p * MP * C::PITCH + off + BN / 2];
+                    }
+                    if (norm)
+                        ps[q] = cl.map_shared_rank(ssp, (unsigned)q)[m];
                 }
             }
+#pragma unroll
+            for (int q = 0; q < SK_MAX_CLUSTER; q++)
+                if (q < splits) {
+                    z += pz[q];
+                    zu += pu[q];
+                    sq += ps[q];
+                }
+        } else {
+#pragma unroll
+            for (int p = 0; p < C::KP; p++) {
+                z += part[p * MP * C::PITCH + off];
+                if (halves)
+                    zu += part[p * MP * C::PITCH + off + BN / 2];
+            }
+            if (norm)
+                sq = ssp[m];
         }
-}
-
-/* y[m, n] = (accumulate ? y[m, n] : 0) + bias[n] + sum over splits (in order) of part[split][m][n]. */
-__global__ void sk_reduce_kernel(const __grid_constant__ sk_args a)
-{
-    cu_pdl_trigger();
-    cu_pdl_wait();
-    const int m = (int)blockIdx.y;
-    const int n = (int)blockIdx.x * (int)blockDim.x + (int)threadIdx.x;
-    if (n >= a.N)
-        return;
-    float *yr = a.y[m];
-    float v = a.accumulate ? yr[n] : 0.0f;
-    if (a.bias)
-        v += cu_ld(a.bias, a.bias_dt, n);
-    const int64_t plane = (int64_t)a.M * a.N;
-    const float *p = a.part + (int64_t)m * a.N + n;
-#pragma unroll 4
-    for (int z = 0; z < a.splits; z++)
-        v += p[z * plane];
-    yr[n] = v;
+        if (norm) {
+            const float rstd = 1.0f / sqrtf(sq / (float)a.K + a.eps); /* rms_norm's rstd, as the CPU backend's */
+            z *= rstd;
+            zu *= rstd;
+        }
+        if (a.bias) {
+            z += cu_ld(a.bias, a.bias_dt, n);
+            if (halves)
+                zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
+        }
+        float v = z;
+        if (halves)
+            v = cu_act(a.act, z) * zu;
+        else if (a.glu == BERTH_GLU_MUL)
+            v = cu_act(a.act, z) * a.u[m][n];
+        float *yr = a.y[m];
+        if (a.accumulate)
+            v += yr[n];
+        yr[n] = v;
+    }
+    if (splits > 1)
+        cg::this_cluster().sync(); /* no block may leave while another still reads its shared memory */
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Host side.
+// Host side: instances, plan, launch.
 
-template <int WDT, int MT, bool XVEC>
-static cudaError_t sk_launch_main(berth_backend *be, cudaStream_t cs, dim3 grid, const sk_args &a)
+/* One instance as the planner sees it. */
+struct sk_kinfo {
+    void (*fn)(sk_args);
+    size_t smem;
+    int threads, stages, per_sm;
+};
+
+template <int WDT, int NT, int BN>
+static sk_kinfo sk_info_of()
 {
-    constexpr size_t smem = sk_smem_bytes(MT);
-    void (*const kern)(sk_args) = sk_kernel<WDT, MT, XVEC>;
-    cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    /* all of the unified L1 as shared memory, so two blocks (2 x ~110 KiB) fit an SM */
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-    if (e != cudaSuccess)
-        return e;
-    return cu_launch(be, cs, grid, dim3(SK_THREADS), smem, kern, a);
+    using C = sk_shape<BN, NT>;
+    sk_kinfo k;
+    k.fn = sk_kernel<WDT, NT, BN>;
+    k.smem = C::SMEM;
+    k.threads = C::THREADS;
+    k.stages = C::S;
+    k.per_sm = BN == 256 ? 1 : 2;
+    return k;
 }
 
-template <int WDT, int MT>
-static cudaError_t sk_launch_mt(berth_backend *be, cudaStream_t cs, dim3 grid, bool xvec, const sk_args &a)
+/* Instances: bf16 / f16 weights x NT 1, 2, 4, 6, 8 x BN 64, 128, and 256 for NT >= 4 (where x's traffic from L2
+ * and its shared-memory reads start to matter). */
+template <int WDT, int NT>
+static bool sk_info_nt(int bn, sk_kinfo *k)
 {
-    return xvec ? sk_launch_main<WDT, MT, true>(be, cs, grid, a) : sk_launch_main<WDT, MT, false>(be, cs, grid, a);
+    if (bn == 64)
+        *k = sk_info_of<WDT, NT, 64>();
+    else if (bn == 128)
+        *k = sk_info_of<WDT, NT, 128>();
+    else if constexpr (NT >= 4) {
+        if (bn != 256)
+            return false;
+        *k = sk_info_of<WDT, NT, 256>();
+    } else {
+        return false;
+    }
+    return true;
 }
 
 template <int WDT>
-static cudaError_t sk_launch_w(berth_backend *be, cudaStream_t cs, dim3 grid, int mt, bool xvec, const sk_args &a)
+static bool sk_info_w(int nt, int bn, sk_kinfo *k)
 {
-    switch (mt) {
-    case 1: return sk_launch_mt<WDT, 1>(be, cs, grid, xvec, a);
-    case 2: return sk_launch_mt<WDT, 2>(be, cs, grid, xvec, a);
-    case 3: return sk_launch_mt<WDT, 3>(be, cs, grid, xvec, a);
-    default: return sk_launch_mt<WDT, 4>(be, cs, grid, xvec, a);
+    switch (nt) {
+    case 1: return sk_info_nt<WDT, 1>(bn, k);
+    case 2: return sk_info_nt<WDT, 2>(bn, k);
+    case 4: return sk_info_nt<WDT, 4>(bn, k);
+    case 6: return sk_info_nt<WDT, 6>(bn, k);
+    default: return sk_info_nt<WDT, 8>(bn, k);
     }
 }
 
-/* Byte offset of row r of t (rows flattened over ne[1..3], ne[1] fastest). */
-static int64_t sk_row_off(const berth_tensor *t, int64_t r)
+static bool sk_info(int wdt, int nt, int bn, sk_kinfo *k)
 {
-    const int64_t i1 = r % t->ne[1];
-    r /= t->ne[1];
-    const int64_t i2 = r % t->ne[2];
-    const int64_t i3 = r / t->ne[2];
-    return i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+    return wdt == BERTH_DTYPE_BF16 ? sk_info_w<BERTH_DTYPE_BF16>(nt, bn, k) : sk_info_w<BERTH_DTYPE_F16>(nt, bn, k);
 }
 
-static bool sk_enabled(void)
+static int sk_nt(int64_t M)
 {
-    const char *e = getenv("BERTH_CUDA_SKINNY");
-    return e && strcmp(e, "1") == 0;
+    return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : M <= 48 ? 6 : 8;
+}
+
+/* A rough model of the H200, only to rank tilings (bytes per microsecond, microseconds): a plan streams its weights
+ * after one loaded DRAM latency at the least of the DRAM bandwidth, its share of the L2 -> SM bandwidth (weights
+ * and every block's x) and the load bandwidth of the SMs it occupies — unless its bytes in flight refill too
+ * slowly (one latency per ring's worth: Little's law); plus a ramp per extra wave and the cluster reduction. */
+#define SK_DRAM_BPUS 4.2e6
+#define SK_L2_BPUS 9.0e6
+#define SK_LAT_US 1.5
+#define SK_SM_BPUS 6.0e4
+#define SK_SPLIT_US 0.3
+#define SK_PER_SPLIT_US 0.03
+
+struct sk_plan {
+    sk_kinfo k;
+    int bn, splits, per;
+    int64_t blocks;
+    double cost;
+};
+
+/* The plan of tile width bn: split K over a cluster as far as the blocks stay within one wave (at least
+ * SK_MIN_KT_PER_SPLIT tiles each, at most max_cluster blocks), splits evened out so none is empty; its modelled
+ * time. False when the instance does not exist or does not fit. */
+static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t M, int64_t Nout, int64_t K,
+                       bool halves, int max_cluster, sk_plan *pl)
+{
+    if (!sk_info(wdt, nt, bn, &pl->k) || pl->k.smem > be->smem_optin)
+        return false;
+    const int64_t n_sms = be->n_sms > 0 ? be->n_sms : 132;
+    const int64_t no = halves ? bn / 2 : bn;
+    const int64_t cb = (Nout + no - 1) / no;
+    const int64_t nkt = (K + SK_BK - 1) / SK_BK;
+    const int64_t slots = n_sms * pl->k.per_sm;
+    int64_t splits = slots / cb, cap = nkt / SK_MIN_KT_PER_SPLIT;
+    cap = cap < 1 ? 1 : cap > max_cluster ? max_cluster : cap;
+    splits = splits < 1 ? 1 : splits > cap ? cap : splits;
+    /* a cluster runs inside one GPC (>= SK_GPC_SMS SMs): all cb clusters must fit at once, or a second wave of
+     * them doubles the time */
+    const int64_t n_gpc = n_sms / SK_GPC_SMS > 0 ? n_sms / SK_GPC_SMS : 1;
+    while (splits > 1 && cb > n_gpc * (SK_GPC_SMS * pl->k.per_sm / splits))
+        splits--;
+    const int64_t per = (nkt + splits - 1) / splits;
+    splits = (nkt + per - 1) / per;
+    pl->bn = bn;
+    pl->splits = (int)splits;
+    pl->per = (int)per;
+    pl->blocks = cb * splits;
+
+    const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0;
+    const double xbytes = (double)cb * (double)M * (double)K * 4.0;
+    const int64_t resident = pl->blocks < slots ? pl->blocks : slots;
+    const int64_t tiles = per < pl->k.stages - 1 ? per : pl->k.stages - 1;
+    const double inflight = (double)resident * (double)tiles * bn * SK_BK * 2.0;
+    const double sms = (double)(resident < n_sms ? resident : n_sms);
+    double rate = SK_DRAM_BPUS;
+    const double l2 = SK_L2_BPUS * wbytes / (wbytes + xbytes), port = sms * SK_SM_BPUS;
+    rate = rate < l2 ? rate : l2;
+    rate = rate < port ? rate : port;
+    double c = SK_LAT_US + wbytes / rate;
+    const double refill = SK_LAT_US * wbytes / inflight;
+    c = c > refill ? c : refill;
+    const int64_t waves = (pl->blocks + slots - 1) / slots;
+    c += (double)(waves - 1) * SK_LAT_US / pl->k.per_sm; /* a new wave's ramp; half hidden by a second block */
+    if (splits > 1)
+        c += SK_SPLIT_US + SK_PER_SPLIT_US * (double)splits;
+    pl->cost = c;
+    return true;
+}
+
+/* The cheapest plan over the tile widths (a wider one wins unless a narrower one is 3% cheaper: less x traffic);
+ * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists. */
+static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64_t Nout, int64_t K, bool halves,
+                      int max_cluster, sk_plan *best)
+{
+    static const int widths[] = {256, 128, 64};
+    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, best))
+        return true;
+    bool have = false;
+    for (int i = 0; i < 3; i++) {
+        sk_plan pl;
+        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, &pl))
+            continue;
+        if (!have || pl.cost < 0.97 * best->cost) {
+            *best = pl;
+            have = true;
+        }
+    }
+    return have;
+}
+
+/* The attributes the plan's instance needs: its dynamic shared memory, all of the unified L1 as shared memory (so
+ * two blocks of ~110 KiB fit an SM), non-portable cluster sizes above 8. */
+static cudaError_t sk_prepare(const sk_plan &pl)
+{
+    cudaError_t e = cudaFuncSetAttribute(pl.k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)pl.k.smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(pl.k.fn, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                 cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess && pl.splits > SK_PORTABLE_CLUSTER)
+        e = cudaFuncSetAttribute(pl.k.fn, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    return e;
+}
+
+/* Whether all of the plan's clusters (one per column block) can be resident at once on this device, as the
+ * occupancy calculator sees it (the planner's GPC rule is a guess). */
+static bool sk_clusters_fit(const sk_plan &pl)
+{
+    if (sk_prepare(pl) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    cudaLaunchAttribute attr[1] = {};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = (unsigned)pl.splits;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(pl.blocks / pl.splits), (unsigned)pl.splits);
+    cfg.blockDim = dim3((unsigned)pl.k.threads);
+    cfg.dynamicSmemBytes = pl.k.smem;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, pl.k.fn, &cfg) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0 && (int64_t)n >= pl.blocks / pl.splits;
+}
+
+/* The kernel as one launch: a cluster (1, splits, 1) when K is split, with PDL as cu_launch does it. */
+static cudaError_t sk_launch(berth_backend *be, cudaStream_t cs, const sk_plan &pl, dim3 grid, const sk_args &a)
+{
+    if (pl.splits <= 1)
+        return cu_launch(be, cs, grid, dim3((unsigned)pl.k.threads), pl.k.smem, pl.k.fn, a);
+    cudaLaunchAttribute attr[2] = {};
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 1;
+    attr[0].val.clusterDim.y = (unsigned)pl.splits;
+    attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[1].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3((unsigned)pl.k.threads);
+    cfg.dynamicSmemBytes = pl.k.smem;
+    cfg.stream = cs;
+    cfg.attrs = attr;
+    cfg.numAttrs = cu_pdl_enabled(be) ? 2 : 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, pl.k.fn, a);
+    if (e == cudaSuccess || cfg.numAttrs == 1)
+        return e;
+    (void)cudaGetLastError(); /* a refused PDL attribute is not sticky: launch without it (cu_launch logs that) */
+    cfg.numAttrs = 1;
+    return cudaLaunchKernelEx(&cfg, pl.k.fn, a);
 }
 
 /* Runs the matmul (already checked by cu_check_matmul) with the skinny kernel when it applies: BF16 compute mode,
- * BERTH_CUDA_SKINNY=1, SK_MIN_M <= M <= SK_MAX_M, bf16/f16 w whose rows are 16-byte aligned whole 16-byte chunks
- * (K a multiple of 8), and enough opt-in shared memory. *ran says whether it did; when it did not, nothing was
- * enqueued and the caller takes another path. */
+ * be->skinny_min_m <= M <= SK_MAX_M, bf16/f16 w under the layout rules of the top comment, and enough opt-in
+ * shared memory. *ran says whether it did; when it did not, nothing was enqueued and the caller takes another
+ * path. */
 berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
                               int64_t K, bool *ran)
 {
     *ran = false;
     const int wdt = p->w.dtype;
-    if (be->compute != CU_COMPUTE_BF16 || M < SK_MIN_M || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
-        (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16) || !sk_enabled())
+    if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m || M > be->skinny_max_m || M > SK_MAX_M || K <= 0 ||
+        K % 8 != 0 || (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
         return BERTH_OK;
     const int64_t ldw = N > 1 ? p->w.nb[1] : K * 2;
     const char *w = cu_ptr(&p->w);
     if ((uintptr_t)w % 16 != 0 || ldw % 16 != 0 || ldw < K * 2)
         return BERTH_OK;
-    const int mt = (int)((M + 15) / 16);
-    const size_t smem = mt == 1 ? sk_smem_bytes(1) : mt == 2 ? sk_smem_bytes(2) : mt == 3 ? sk_smem_bytes(3)
-                                                                                          : sk_smem_bytes(4);
-    if (smem > be->smem_optin)
+    const int32_t norm = opck_matmul_norm_mode(p), glu = opck_matmul_glu(p);
+    const void *gw = norm != BERTH_NORM_W_NONE && opck_norm_has_weight(norm) ? cu_ptr(&p->x_norm_w) : NULL;
+    if (gw && (uintptr_t)gw % 16 != 0)
         return BERTH_OK;
+    const bool halves = glu == BERTH_GLU_HALVES;
+    const int64_t Nout = halves ? N / 2 : N;
+    const int nt = sk_nt(M);
+
+    sk_plan pl;
+    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, &pl))
+        return BERTH_OK;
+    while (pl.splits > 1 && !sk_clusters_fit(pl)) /* fewer, smaller clusters until they all fit (1: no cluster) */
+        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, &pl))
+            return BERTH_OK;
+    const int64_t cb = pl.blocks / pl.splits; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
     sk_args a;
     memset(&a, 0, sizeof a);
+    const cu_rows xr = cu_rows_of(&p->x), yr = cu_rows_of(&p->y);
+    const cu_rows ur = glu == BERTH_GLU_MUL ? cu_rows_of(&p->y_glu_up) : yr;
     bool xvec = true;
     for (int64_t m = 0; m < M; m++) {
-        a.x[m] = (const float *)(cu_ptr(&p->x) + sk_row_off(&p->x, m));
-        a.y[m] = (float *)(cu_ptr(&p->y) + sk_row_off(&p->y, m));
+        a.x[m] = (const float *)cu_row(xr, m);
+        a.y[m] = (float *)cu_row(yr, m);
+        a.u[m] = (const float *)cu_row(ur, m);
         xvec = xvec && (uintptr_t)a.x[m] % 16 == 0;
     }
     a.w = w;
     a.ldw = ldw;
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
     a.bias_dt = p->bias.dtype;
+    a.gw = gw;
+    a.g_dt = gw ? p->x_norm_w.dtype : BERTH_DTYPE_F32;
+    a.g_es = a.g_dt == BERTH_DTYPE_F32 ? 4 : 2;
+    a.norm_mode = norm;
+    a.eps = norm != BERTH_NORM_W_NONE ? p->x_norm_eps : 0.0f;
+    a.glu = glu;
+    a.act = glu != BERTH_GLU_NONE ? p->y_glu_act : BERTH_ACT_IDENTITY;
     a.accumulate = p->accumulate;
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
+    a.xvec = xvec;
     a.M = (int32_t)M;
-    a.N = (int32_t)N;
+    a.N = (int32_t)Nout;
     a.K = (int32_t)K;
     a.nkt = (int32_t)((K + SK_BK - 1) / SK_BK);
+    a.kt_per_split = pl.per;
 
-    /* Split K into as many parts as keep the grid within one wave at two resident blocks per SM (a second, partial
-     * wave would run a few blocks alone at the end), keeping >= SK_MIN_KT_PER_SPLIT k tiles per split; then even
-     * out the splits so none is empty. Blocks stream at about (stages - 1) * 16 KiB per DRAM latency each, so 128+
-     * concurrent blocks are enough for the bandwidth; N / SK_BN >= 2 * n_sms needs no split. */
-    const int64_t bn = (N + SK_BN - 1) / SK_BN;
-    const int64_t slots = 2 * (int64_t)(be->n_sms > 0 ? be->n_sms : 132);
-    int64_t splits = slots / bn, cap = a.nkt / SK_MIN_KT_PER_SPLIT;
-    cap = cap < 1 ? 1 : cap > SK_MAX_SPLITS ? SK_MAX_SPLITS : cap;
-    splits = splits < 1 ? 1 : splits > cap ? cap : splits;
-    const int64_t per = (a.nkt + splits - 1) / splits;
-    splits = (a.nkt + per - 1) / per;
-    a.kt_per_split = (int32_t)per;
-    a.splits = (int32_t)splits;
-
-    berth_status st;
-    if (splits > 1) {
-        void *ws = NULL;
-        if ((st = cu_stream_ws(be, s, (size_t)(splits * M * N) * sizeof(float), &ws)) != BERTH_OK)
-            return st;
-        a.part = (float *)ws;
-    }
-    const dim3 grid((unsigned)bn, (unsigned)splits);
-    cudaError_t e = wdt == BERTH_DTYPE_BF16 ? sk_launch_w<BERTH_DTYPE_BF16>(be, s->cs, grid, mt, xvec, a)
-                                            : sk_launch_w<BERTH_DTYPE_F16>(be, s->cs, grid, mt, xvec, a);
-    if ((st = cu_check(be, e, "matmul: skinny kernel")) != BERTH_OK)
-        return st;
-    *ran = true;
-    if (splits > 1) {
-        e = cu_launch(be, s->cs, dim3((unsigned)((N + 255) / 256), (unsigned)M), dim3(256), 0, sk_reduce_kernel, a);
-        if ((st = cu_check(be, e, "matmul: skinny split-k reduce kernel")) != BERTH_OK)
-            return st;
-    }
-    return BERTH_OK;
+    cudaError_t e = sk_prepare(pl);
+    if (e == cudaSuccess)
+        e = sk_launch(be, s->cs, pl, dim3((unsigned)cb, (unsigned)pl.splits), a);
+    berth_status st = cu_check(be, e, "matmul: skinny kernel");
+    if (st == BERTH_OK)
+        *ran = true;
+    return st;
 }

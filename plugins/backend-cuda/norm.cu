@@ -18,23 +18,17 @@
  * thread, reads first, so no thread reads an element another one has already rewritten. RESID_ADD_BEFORE writes
  * residual[i] += x[i] first and y[i] after it (y wins where they alias).
  * Every kernel is launched through cu_launch (cuda_launch.cuh) and follows its wait/trigger contract.
+ * A matmul's trailing norm (y_norm) is this file's rms_norm after the product, unless the GEMV finishes it in its
+ * last block (gemv_norm.cuh, which mirrors the fast kernel's arithmetic exactly: keep the two in step).
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
+#include "gemv_norm.cuh"
+#include "norm_args.cuh"
 
 #include <inttypes.h>
-
-#define NM_WARP_MAX 1024 /* general kernels: rows up to this many elements get a warp each */
-#define NM_VEC_WARP_MAX 512  /* fast rms_norm: rows up to this many elements get a warp each (4 float4 per lane) */
-#define NM_VEC_MAX 8192      /* fast rms_norm: longest row (1024 threads x 2 float4) */
-#define NM_WNONE (-1)        /* fast rms_norm weight template argument: no weight */
-
-/* Row i of a tensor whose rows norm.cu reads and writes as floats. */
-static __device__ __forceinline__ float *nm_row(const cu_rows &r, int64_t i)
-{
-    return (float *)cu_row(r, i);
-}
+#include <string.h>
 
 /* The rows a thread's team handles, its lane in the team and the team's sum. */
 template <bool WARP>
@@ -92,35 +86,6 @@ static nm_launch nm_shape(int64_t n, int64_t rows)
 
 // ---------------------------------------------------------------------------------------------------------------
 // rms_norm
-
-struct nm_rms_args {
-    cu_rows x, y, res; /* res only with a residual mode */
-    const void *w;     /* NULL unless weight mode W / W_ONE_PLUS */
-    int32_t wdt, wmode, rmode;
-    int32_t w_early;   /* fast kernel: the weight may be read before cu_pdl_wait (a weights buffer) */
-    float eps;
-    float oscale;      /* out_scale: y is multiplied by it (1: nothing to do) */
-    int64_t n, rows;
-    /* RoPE after the weight (nm_rms_rope_kernel only): row r is head r % heads of token r / heads */
-    const int32_t *pos;
-    const float *freqs;
-    int64_t heads;
-    int32_t rmode_rope, roff, np;
-    /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
-    int32_t has_y2, w2dt, w2mode;
-    const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
-    cu_rows y2;
-};
-
-/* The weight factor of element i in mode `mode` (W: w, W_ONE_PLUS: 1 + w, otherwise 1). */
-static __device__ __forceinline__ float nm_factor(const void *w, int dt, int mode, int64_t i)
-{
-    if (mode == BERTH_NORM_W)
-        return cu_ld(w, dt, i);
-    if (mode == BERTH_NORM_W_ONE_PLUS)
-        return 1.0f + cu_ld(w, dt, i);
-    return 1.0f;
-}
 
 /* General kernel: any row length and layout. */
 template <bool WARP>
@@ -456,6 +421,13 @@ bool cu_check_rms_norm(const berth_backend *be, struct opck *c, const berth_rms_
     return true;
 }
 
+/* The fast kernel's block width for rows of nv float4 (n > NM_VEC_WARP_MAX): 2 float4 per thread, <= 1024 for
+ * n <= NM_VEC_MAX. The GEMV's trailing norm (cu_ynorm_plan) uses the same rule. */
+static int64_t nm_vec_block_threads(int64_t nv)
+{
+    return ((nv + 1) / 2 + 31) / 32 * 32;
+}
+
 /* The fast kernel for weight dtype WDT: a warp per row (V float4 per lane, 8 rows per block at most) or a block
  * per row (2 float4 per thread). */
 template <int WDT>
@@ -472,19 +444,17 @@ static cudaError_t nm_rms_vec_launch(berth_backend *be, cudaStream_t cs, const n
             return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 2>, a);
         return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 4>, a);
     }
-    const int64_t threads = ((nv + 1) / 2 + 31) / 32 * 32; /* <= 1024 for n <= NM_VEC_MAX */
+    const int64_t threads = nm_vec_block_threads(nv);
     const dim3 grid((unsigned)(a.rows > (1 << 20) ? (1 << 20) : a.rows)), block((unsigned)threads);
     return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, false, 2>, a);
 }
 
-berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p)
+/* rms_norm's kernel arguments for p, without the RoPE fields. */
+static nm_rms_args nm_rms_args_of(const berth_rms_norm_params *p)
 {
-    CU_OP_BEGIN(be, rms_norm, p);
-    const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
-    if (n == 0 || rows == 0)
-        return BERTH_OK;
     const bool has_w = opck_norm_has_weight(p->weight_mode);
     nm_rms_args a;
+    memset(&a, 0, sizeof a);
     a.x = cu_rows_of(&p->x);
     a.y = cu_rows_of(&p->y);
     a.rmode = p->resid_mode;
@@ -496,8 +466,8 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     a.w_early = has_w && p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.eps = p->eps;
     a.oscale = opck_rms_out_scale(p);
-    a.n = n;
-    a.rows = rows;
+    a.n = p->x.ne[0];
+    a.rows = cu_nrows(&p->x);
     a.has_y2 = opck_rms_has_y2(p);
     a.w2 = NULL;
     a.w2dt = BERTH_DTYPE_F32;
@@ -508,6 +478,33 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         a.w2 = opck_norm_has_weight(p->y2_weight_mode) ? cu_ptr(&p->y2_w) : NULL;
         a.w2dt = p->y2_w.dtype;
     }
+    return a;
+}
+
+/* The fast kernel's weight template argument for p (NM_WNONE: no weight), or NM_VEC_NO when its rows do not suit
+ * it (lengths that are not whole float4s or over NM_VEC_MAX, rows or weights not aligned for vector loads). */
+#define NM_VEC_NO (-2)
+static int nm_vec_wdt(const berth_rms_norm_params *p, const nm_rms_args &a)
+{
+    const bool has_w = opck_norm_has_weight(p->weight_mode);
+    const size_t wal = !has_w ? 1 : p->w.dtype == BERTH_DTYPE_F32 ? 16 : 8;
+    const bool vec = a.n % 4 == 0 && a.n <= NM_VEC_MAX && nm_rows_aligned16(&p->x) && nm_rows_aligned16(&p->y) &&
+                     (a.rmode == BERTH_RESID_NONE || nm_rows_aligned16(&p->residual)) &&
+                     (!a.has_y2 || nm_rows_aligned16(&p->y2)) && (uintptr_t)a.w % wal == 0;
+    if (!vec)
+        return NM_VEC_NO;
+    if (!has_w)
+        return NM_WNONE;
+    return p->w.dtype == BERTH_DTYPE_BF16 || p->w.dtype == BERTH_DTYPE_F16 ? p->w.dtype : BERTH_DTYPE_F32;
+}
+
+berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p)
+{
+    CU_OP_BEGIN(be, rms_norm, p);
+    const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
+    if (n == 0 || rows == 0)
+        return BERTH_OK;
+    nm_rms_args a = nm_rms_args_of(p);
     a.np = opck_rms_rope_pairs(p);
     if (a.np > 0) {
         a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
@@ -528,29 +525,42 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         return cu_check(be, e, "rms_norm (RoPE) kernel");
     }
 
-    const size_t wal = !has_w ? 1 : p->w.dtype == BERTH_DTYPE_F32 ? 16 : 8;
-    const bool vec = n % 4 == 0 && n <= NM_VEC_MAX && nm_rows_aligned16(&p->x) && nm_rows_aligned16(&p->y) &&
-                     (a.rmode == BERTH_RESID_NONE || nm_rows_aligned16(&p->residual)) &&
-                     (!a.has_y2 || nm_rows_aligned16(&p->y2)) &&
-                     (uintptr_t)a.w % wal == 0;
     cudaError_t e;
-    if (vec) {
-        if (!has_w)
-            e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a);
-        else if (p->w.dtype == BERTH_DTYPE_BF16)
-            e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a);
-        else if (p->w.dtype == BERTH_DTYPE_F16)
-            e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a);
-        else
-            e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a);
-    } else {
+    switch (nm_vec_wdt(p, a)) {
+    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a); break;
+    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a); break;
+    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a); break;
+    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a); break;
+    default: {
         const nm_launch l = nm_shape(n, rows);
         if (l.warp)
             e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<true>, a);
         else
             e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<false>, a);
+        break;
+    }
     }
     return cu_check(be, e, "rms_norm kernel");
+}
+
+bool cu_ynorm_plan(const berth_backend *be, const berth_stream *s, const berth_rms_norm_params *yn, int64_t M,
+                   cu_ynorm *out)
+{
+    memset(out, 0, sizeof *out);
+    const int64_t n = yn->x.ne[0];
+    if (!s->ynorm_count || M < 1 || M > be->gemv_norm || M > CU_YNORM_THREADS / 32 || cu_nrows(&yn->x) != M ||
+        n < 1 || opck_rms_rope_pairs(yn) != 0)
+        return false;
+    out->a = nm_rms_args_of(yn);
+    if (nm_vec_wdt(yn, out->a) == NM_VEC_NO) /* the general kernel's rows: not in the GEMV */
+        return false;
+    out->warp = n <= NM_VEC_WARP_MAX; /* nm_rms_vec_launch's teams */
+    out->width = out->warp ? 32 : (int32_t)nm_vec_block_threads(n / 4);
+    /* the tail keeps CU_YNORM_CHUNKS float4 per thread (warp rows up to 256, block rows up to 2048) */
+    if (out->width > CU_YNORM_THREADS || (int64_t)out->width * 4 * CU_YNORM_CHUNKS < n)
+        return false;
+    out->count = s->ynorm_count;
+    return true;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -694,11 +704,14 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
     return cu_check(be, e, "gated_rms_norm kernel");
 }
 
-/* berth_matmul_params.y_norm: the product, then this file's rms_norm on its finished y (stream order makes every
- * row complete). Both ops check their own parameters; a failing product enqueues no norm. */
+/* berth_matmul_params.y_norm: the product, then this file's rms_norm on its finished y. The GEMV kernels finish
+ * the norm themselves where cu_ynorm_plan allows (gemv_norm.cuh); otherwise the norm is launched after the
+ * product, and stream order makes every row complete. The matmul's check covers the norm's parameters
+ * (opck_matmul checks y_norm as an rms_norm); a failing product enqueues no norm. */
 berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
-    const berth_status st = cu_op_matmul(be, s, p);
-    const berth_rms_norm_params *yn = st == BERTH_OK ? opck_matmul_y_norm(p) : NULL;
-    return yn ? cu_op_rms_norm(be, s, yn) : st;
+    const berth_rms_norm_params *yn = p ? opck_matmul_y_norm(p) : NULL;
+    bool done = false;
+    const berth_status st = cu_matmul_run(be, s, p, yn ? &done : NULL);
+    return st == BERTH_OK && yn && !done ? cu_op_rms_norm(be, s, yn) : st;
 }

@@ -25,11 +25,13 @@
  * The ordering of the CPU (value descending, ties to the lower id, under float comparison) is reproduced by ordered
  * unsigned keys of the float bits, with -0 folded onto +0 (they compare equal as floats). NaN logits rank as -inf
  * (the CPU's comparisons pass over them; the result differs only for NaN input, and is always a valid id).
- * When every row is greedy and neither logprobs nor top lists are wanted (and no penalties apply), one argmax
- * kernel reads the logits directly and the per-row parameters are not copied at all.
+ * When every row is greedy and neither logprobs nor top lists are wanted (and no penalties apply), a multi-block
+ * argmax (segments of the row, then a merge: smp_argmax) reads the logits directly and the per-row parameters are
+ * not copied at all.
  */
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
+#include "cuda_launch.cuh"
 
 #include <inttypes.h>
 #include <limits.h>
@@ -641,25 +643,130 @@ __global__ void __launch_bounds__(SMP_THREADS) smp_rows_kernel(const smp_args a)
     }
 }
 
-/* Fast path: greedy rows without penalties, logprobs or top lists. */
-__global__ void __launch_bounds__(SMP_THREADS) smp_argmax_kernel(const char *logits, int64_t nb1, int V, int32_t *ids)
+/* Fast path: greedy rows without penalties, logprobs or top lists. A row (262144 entries at Gemma's vocabulary)
+ * is cut into up to SMP_AM_MAX_BLOCKS contiguous segments of at least SMP_AM_SEG entries, one block of
+ * SMP_AM_THREADS each (one block of 1024 threads per row took 16 us at batch 1: one SM cannot pull a 1 MiB row
+ * faster); each block writes its segment's (best value, lowest id) and a one-warp kernel per row merges the
+ * segments in id order. The result is the lowest id of the largest value (NaN as -inf), whatever the split. */
+#define SMP_AM_THREADS 256
+#define SMP_AM_SEG 2048        /* fewest entries per block: 8 per thread */
+#define SMP_AM_MAX_BLOCKS 1024 /* segments per row (the merge's warp takes 32 each at most) */
+#define SMP_AM_UNROLL 8        /* loads in flight per thread */
+
+/* The best (value, id) of segment blockIdx.x of row r, by the whole block, stored as smp_argmax_part_kernel says. */
+__device__ __forceinline__ void smp_argmax_segment(const char *logits, int64_t nb1, int V, int r, int seg,
+                                                   float *part_v, int *part_i, int32_t *ids, float *shv, int *shi)
 {
-    __shared__ float shv[SMP_WARPS];
-    __shared__ int shi[SMP_WARPS];
-    const int r = blockIdx.x;
+    const int b = blockIdx.x;
     const float *x = (const float *)(logits + (int64_t)r * nb1);
+    const int start = b * seg, end = V - start < seg ? V : start + seg;
     float best = -INFINITY;
     int arg = -1;
-    for (int i = threadIdx.x; i < V; i += SMP_THREADS) {
-        const float v = smp_nonan(x[i]);
-        if (arg < 0 || v > best) {
+    for (int i0 = start + (int)threadIdx.x; i0 < end; i0 += SMP_AM_UNROLL * SMP_AM_THREADS) {
+        float v[SMP_AM_UNROLL];
+#pragma unroll
+        for (int k = 0; k < SMP_AM_UNROLL; k++) {
+            const int i = i0 + k * SMP_AM_THREADS;
+            v[k] = i < end ? x[i] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < SMP_AM_UNROLL; k++) { /* ids rise with k: a strict > keeps the first of equals */
+            const int i = i0 + k * SMP_AM_THREADS;
+            const float f = smp_nonan(v[k]);
+            if (i < end && (arg < 0 || f > best)) {
+                best = f;
+                arg = i;
+            }
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    smp_argbest_warp(best, arg);
+    if (lane == 0) {
+        shv[warp] = best;
+        shi[warp] = arg;
+    }
+    __syncthreads();
+    if (warp == 0) {
+        best = lane < SMP_AM_THREADS / 32 ? shv[lane] : -INFINITY;
+        arg = lane < SMP_AM_THREADS / 32 ? shi[lane] : -1;
+        smp_argbest_warp(best, arg);
+        if (lane == 0) {
+            if (gridDim.x == 1) {
+                ids[r] = arg;
+            } else {
+                part_v[(int64_t)r * gridDim.x + b] = best;
+                part_i[(int64_t)r * gridDim.x + b] = arg;
+            }
+        }
+    }
+    __syncthreads(); /* shv / shi are reused by the block's next row */
+}
+
+/* One block per (segment, row) (rows beyond gridDim.y loop): the segment's best (value, id) to
+ * part[r * gridDim.x + b], or, when the row is a single segment, its id to ids[r]. Launched through cu_launch
+ * (cuda_launch.cuh's contract). */
+__global__ void __launch_bounds__(SMP_AM_THREADS) smp_argmax_part_kernel(const char *logits, int64_t nb1, int V,
+                                                                          int R, int seg, float *part_v,
+                                                                          int *part_i, int32_t *ids)
+{
+    __shared__ float shv[SMP_AM_THREADS / 32];
+    __shared__ int shi[SMP_AM_THREADS / 32];
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    for (int r = blockIdx.y; r < R; r += gridDim.y) /* uniform over the block */
+        smp_argmax_segment(logits, nb1, V, r, seg, part_v, part_i, ids, shv, shi);
+}
+
+/* One warp per row: the best of the row's nparts segment results (ties to the lower id). */
+__global__ void __launch_bounds__(32) smp_argmax_merge_kernel(const float *part_v, const int *part_i, int nparts,
+                                                              int32_t *ids)
+{
+    cu_pdl_trigger();
+    cu_pdl_wait();
+    const int r = blockIdx.x;
+    float best = -INFINITY;
+    int arg = -1;
+    for (int b = (int)threadIdx.x; b < nparts; b += 32) {
+        const float v = part_v[(int64_t)r * nparts + b];
+        const int i = part_i[(int64_t)r * nparts + b];
+        if (smp_better(v, i, best, arg)) {
             best = v;
             arg = i;
         }
     }
-    smp_argbest(best, arg, shv, shi);
+    smp_argbest_warp(best, arg);
     if (threadIdx.x == 0)
         ids[r] = arg;
+}
+
+/* Greedy ids of R rows of V logits: the two kernels above (one when a row is a single segment). */
+static berth_status smp_argmax(berth_backend *be, berth_stream *s, const berth_sample_params *p, int64_t V,
+                               int32_t R, int32_t *ids)
+{
+    int64_t nparts = (V + SMP_AM_SEG - 1) / SMP_AM_SEG;
+    nparts = nparts < 1 ? 1 : nparts > SMP_AM_MAX_BLOCKS ? SMP_AM_MAX_BLOCKS : nparts;
+    const int seg = (int)((V + nparts - 1) / nparts);
+    float *part_v = NULL;
+    int *part_i = NULL;
+    if (nparts > 1) {
+        void *ws = NULL;
+        const size_t n = (size_t)R * (size_t)nparts;
+        const berth_status st = cu_stream_ws(be, s, n * (sizeof(float) + sizeof(int)), &ws);
+        if (st != BERTH_OK)
+            return st;
+        part_v = (float *)ws;
+        part_i = (int *)(part_v + n);
+    }
+    const dim3 grid((unsigned)nparts, (unsigned)(R < 65535 ? R : 65535));
+    cudaError_t e = cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel,
+                              (const char *)cu_ptr(&p->logits), (int64_t)p->logits.nb[1], (int)V, (int)R, seg,
+                              part_v, part_i, ids);
+    berth_status st = cu_check(be, e, "sample: smp_argmax_part_kernel");
+    if (st != BERTH_OK || nparts == 1)
+        return st;
+    e = cu_launch(be, s->cs, dim3((unsigned)R), dim3(32), 0, smp_argmax_merge_kernel, (const float *)part_v,
+                  (const int *)part_i, (int)nparts, ids);
+    return cu_check(be, e, "sample: smp_argmax_merge_kernel");
 }
 
 static uint32_t smp_pow2(uint32_t n)
@@ -735,8 +842,7 @@ berth_status cu_op_sample(berth_backend *be, berth_stream *s, const berth_sample
     berth_status st;
 
     if (!any_drawn && n_pen == 0 && !want_lp && n_top == 0) {
-        smp_argmax_kernel<<<R, SMP_THREADS, 0, s->cs>>>(cu_ptr(&p->logits), p->logits.nb[1], (int)V, ids);
-        return cu_check_launch(be, "sample: smp_argmax_kernel");
+        return smp_argmax(be, s, p, V, R, ids);
     }
 
     /* Host workspace: rows, then the histories of the penalised rows. Device workspace: the same bytes, then

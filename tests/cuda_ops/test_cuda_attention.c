@@ -14,6 +14,11 @@
  * tensor-core kernel and are held to a bound derived from its bf16/f16 rounding (see "BF16 compute mode" below);
  * the "tc:" cases are its shapes (head dims 256 and 512, windows that bite and not, several sequences, chunks past
  * position 0). Every other case keeps the fp32 tolerance in both modes.
+ *
+ * Decode batches (T == n_seqs) take attention_decode.cu's one-launch cluster kernel; BERTH_CUDA_ATT_DECODE=old
+ * (attention.cu's split-K kernel and combine) and =c8 (clusters of at most 8 blocks) rerun the same cases on the
+ * other paths. The "cluster:" cases are that kernel's edges: split boundaries, length 1, length == window, rows
+ * without a cluster, block tables wider than the part it preloads, and (graphs) replays with 0 visible keys.
  */
 #include <math.h>
 #include <stdio.h>
@@ -649,6 +654,9 @@ static const struct attn_case cases[] = {
     {"MASK_NONE decode d128 f16 rep2",
      F16, 128, 128, 2, 2, 16, 0, 2, {{1, 50}, {1, 9}},
      NOMASK, 0, 0.088388f, 0.0f, 1, BERTH_NORM_W_NONE, BERTH_NORM_W_NONE, F32, HALF, 0, 0, 0},
+    {"decode-shaped (T == n_seqs): a sequence of 2 rows, one of none, one of 1, window 20",
+     BF16, 256, 256, 1, 8, 16, 0, 3, {{2, 50}, {0, 10}, {1, 30}},
+     CAUSAL, 20, 1.0f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 0},
     /* prefill / mixed shapes of the tensor-core kernel (HX_COMPUTE=bf16; the SIMT kernel's in fp32 mode) */
     {"tc: prefill d256 bf16 rep8 window 512 (does not bite), 200 rows",
      BF16, 256, 256, 1, 8, 16, 0, 1, {{200, 200}},
@@ -1048,6 +1056,22 @@ static const struct dec_case dec_cases[] = {
      BF16, 512, 512, 1, 8, 16, 0, 2, {640, 1}, CAUSAL, 0, 1.0f, 0.0f, 1, 40, 3},
     {"graph: rep16 d256 f16 bs32 window 64, 3 seqs, table of 4 blocks (one block, direct)",
      F16, 256, 256, 1, 16, 32, 0, 3, {100, 1, 0}, CAUSAL, 64, 0.0625f, 0.0f, 0, 4, 3},
+    /* the cluster kernel (attention_decode.cu): keys dealt round robin to cs * 4 warps, a cluster per (sequence,
+     * KV head, head group); its edges */
+    {"cluster: E2B sliding d256 bf16 rep8: lengths 1, 511, 512 (== window), 513, 64, 65 (split boundaries)",
+     BF16, 256, 256, 1, 8, 16, 0, 6, {1, 511, 512, 513, 64, 65}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"cluster: d256 bf16 rep8, rows of at most 16 keys (one block per head group, no cluster), gate",
+     BF16, 256, 256, 1, 8, 16, 0, 4, {16, 3, 9, 0}, CAUSAL, 512, 1.0f, 0.0f, 1, 0, 0},
+    {"cluster: rep4 d64 bf16 bs1, a table wider than the preloaded 1024 entries",
+     BF16, 64, 64, 1, 4, 1, 0, 2, {1300, 20}, CAUSAL, 0, 0.125f, 0.0f, 0, 0, 0},
+    {"cluster: rep4 d64 f32 bs1 window 1000, two KV heads (keys past the preloaded entries)",
+     F32, 64, 64, 2, 4, 1, 1, 2, {2100, 1030}, CAUSAL, 1000, 0.125f, 0.0f, 1, 0, 0},
+    {"graph: E2B full d512 bf16 rep8, 1 seq, table of 256 blocks (capacity 4096; a replay with 0 keys)",
+     BF16, 512, 512, 1, 8, 16, 0, 1, {640}, CAUSAL, 0, 1.0f, 0.0f, 0, 256, 3},
+    {"graph: E2B sliding d256 bf16 rep8 window 512, 8 seqs, table of 64 blocks, softcap",
+     BF16, 256, 256, 1, 8, 16, 0, 8, {640, 1, 0, 512, 513, 100, 17, 1000}, CAUSAL, 512, 1.0f, 30.0f, 0, 64, 3},
+    {"graph: d512/dv500 f32 rep16 (four head groups) bs16 unaligned rows, 2 seqs, table of 20 blocks",
+     F32, 512, 500, 1, 16, 16, 2, 2, {300, 2}, CAUSAL, 0, 0.0441942f, 0.0f, 1, 20, 3},
 };
 #define N_DEC_CASES ((int)(sizeof dec_cases / sizeof dec_cases[0]))
 

@@ -1,14 +1,17 @@
 /*
- * test_cuda_dense.c — the CUDA backend's dense ops (matmul with its norm prologue and gated epilogue, get_rows, rms_norm, layer_norm, gated_rms_norm, rope,
- * unary, glu, binary, copy) against the CPU backend on fresh random inputs (tests/cuda_ops/harness.h).
+ * test_cuda_dense.c — the CUDA backend's dense ops (matmul with its norm prologue, gated epilogue and trailing
+ * norm, get_rows, rms_norm, layer_norm, gated_rms_norm, rope, unary, glu, binary, copy) against the CPU backend on
+ * fresh random inputs (tests/cuda_ops/harness.h).
  *
  * Tolerances. Both backends compute in fp32 but sum in different orders, so results agree to rounding:
  *  - matmul: |y| is about sqrt(K)/3 for inputs in [-1, 1]; the fp32 bound is atol 1e-5 * sqrt(K) (about 3e-5 of
  *    |y|) plus rtol 1e-5. In bf16 compute mode (HX_COMPUTE=bf16), M > 8 runs on the tensor cores with x (and f32
  *    weights) rounded to bf16, 2^-9 relative each: the error of y is about 5e-4 * sqrt(K) rms, so those cases
- *    use atol 6e-3 * sqrt(K) (about 10 sigma), rtol 0. M <= 8 is the fp32 GEMV in both modes. Test
- *    cuda_ops_dense_skinny runs this file in bf16 mode with BERTH_CUDA_SKINNY=1: 9 <= M <= 64 with bf16/f16 w and
- *    K a multiple of 8 then runs matmul_skinny.cu's kernel (x rounded to the weight dtype: the same bound).
+ *    use atol 6e-3 * sqrt(K) (about 10 sigma), rtol 0. So do the products of matmul_skinny.cu's kernel (bf16
+ *    mode, bf16/f16 w, K a multiple of 8, M from BERTH_CUDA_SKINNY's bound — 5 by default — up to 64: x rounded
+ *    to the weight dtype); other products with M <= 8 are the fp32 GEMV in both modes (mm_x_rounded says which).
+ *    cuda_ops_dense_skinny runs this file in bf16 mode with BERTH_CUDA_SKINNY=2 (the kernel from M = 2),
+ *    cuda_ops_dense_bf16 with BERTH_CUDA_SKINNY=0 (the GEMV and cuBLAS).
  *  - elementwise ops, norms, rope: atol 1e-6, rtol 1e-5 (libm vs CUDA's precise functions differ by an ulp or two;
  *    the CPU's vector exp/tanh by ~2 ulp).
  *  - copy: exact (round to nearest even on both sides).
@@ -36,6 +39,26 @@ static bool bf16_mode(void)
 {
     const char *m = getenv("HX_COMPUTE");
     return m && strcmp(m, "bf16") == 0;
+}
+
+/* Whether the CUDA side rounds x to the weight dtype in an M-row product: in bf16 mode cuBLAS does above M = 8,
+ * and matmul_skinny.cu does for bf16/f16 w with K a multiple of 8 from BERTH_CUDA_SKINNY's bound up to M = 64
+ * (as cuda_backend.cu reads it: unset / 1: 5; 0: never; 2..64: that M). */
+static bool mm_x_rounded(int64_t M, int64_t K, berth_dtype wdt)
+{
+    if (!bf16_mode())
+        return false;
+    if (M > 8)
+        return true;
+    const char *e = getenv("BERTH_CUDA_SKINNY");
+    long lo = 5;
+    if (e && *e && strcmp(e, "1") != 0) {
+        char *end = NULL;
+        const long v = strtol(e, &end, 10);
+        if (end != e && *end == '\0' && (v == 0 || (v >= 2 && v <= 64)))
+            lo = v;
+    }
+    return lo > 0 && M >= lo && wdt != F32 && K % 8 == 0;
 }
 
 /* ---------------------------------------------------------------------------------------------------------------
@@ -69,6 +92,15 @@ static const struct mm_case mm_cases[] = {
     {1, 1536, 2048, BF16, 0, 0, 0, 0},  {1, 6144, 1536, BF16, 0, 0, 0, 0}, {1, 1536, 12288, BF16, 0, 0, 0, 0},
     {8, 1536, 12288, BF16, 0, 0, 0, 0}, {32, 1536, 2048, BF16, 0, 0, 0, 0}, {32, 6144, 1536, BF16, 0, 0, 0, 0},
     {1, 6144, 1536, F32, 0, 0, 0, 0},   {32, 6144, 1536, F32, 0, 0, 0, 0},
+    /* M = 1 with 16-byte weight chunks (gemv.cu; matmul.cu's general kernel under BERTH_CUDA_GEMV=old): teams of
+     * 32 / 64 / 128 / 256 threads per row pair, chunk counts that leave every remainder after the 4-chunk steps
+     * (the lanes of a team differ by one chunk), odd N (the last team's second row absent), bias, accumulate,
+     * padded y, unaligned x (gathered first) */
+    {1, 1544, 4500, BF16, 0, 0, 0, 0},       {1, 2040, 4500, F16, 0, 0, 0, 0},
+    {1, 1032, 4501, F32, 1 + F32, 0, 0, 0},  {1, 1544, 4500, BF16, 1 + BF16, 1, 0, 0},
+    {1, 1536, 2561, BF16, 0, 1, 0, 0},       {1, 6152, 1537, BF16, 1 + F32, 0, 0, 0},
+    {1, 8200, 5, BF16, 0, 0, 0, 0},          {1, 4104, 3, F16, 1 + F16, 1, 0, 1},
+    {1, 264, 33, BF16, 0, 0, XV_PADDED, 0},  {1, 12288, 1536, BF16, 0, 0, 0, 0},
     /* bias (f32 / bf16) and accumulate */
     {1, 264, 40, BF16, 1 + F32, 0, 0, 0},  {64, 264, 40, BF16, 1 + BF16, 0, 0, 0},
     {64, 77, 40, F32, 1 + F32, 0, 0, 0},   {3, 264, 40, BF16, 0, 1, 0, 0},
@@ -137,7 +169,7 @@ static void mm_run(const struct mm_case *c)
     hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
 
     const double scale = sqrt((double)K);
-    if (bf16_mode() && M > 8)
+    if (mm_x_rounded(M, K, c->wdt))
         hx_expect_close(&Y, 6e-3 * scale, 0.0, what);
     else
         hx_expect_close(&Y, 1e-5 * scale, 1e-5, what);
@@ -329,7 +361,7 @@ static void mm_norm_run(const struct mm_norm_case *c)
     }
     hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
     const double scale = sqrt((double)K);
-    if (bf16_mode() && M > 8)
+    if (mm_x_rounded(M, K, c->wdt))
         hx_expect_close(&Y, 1.2e-2 * scale, 0.0, what);
     else
         hx_expect_close(&Y, 2e-5 * scale, 1e-5, what);
@@ -371,6 +403,10 @@ static const struct mm_glu_case mm_glu_cases[] = {
     {32, 1536, 2048, BF16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
     {200, 264, 37, BF16, BERTH_GLU_HALVES, BERTH_ACT_SILU, 1, 0, 0},
     {64, 77, 33, F32, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 0, 1, 0},
+    {1, 264, 37, BF16, BERTH_GLU_HALVES, BERTH_ACT_SILU, 1, 0, 0},
+    {1, 1544, 2500, F16, BERTH_GLU_HALVES, BERTH_ACT_GELU_TANH, 1, 0, 0},
+    {1, 1032, 33, F32, BERTH_GLU_MUL, BERTH_ACT_SILU, 1, 0, 1},
+    {1, 6152, 301, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 1, 0, 2},
     {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 2},
     {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_ACT_GELU_TANH, 0, 0, 1},
     {4, 264, 37, BF16, BERTH_GLU_MUL, BERTH_ACT_SILU, 0, 1, 0},
@@ -421,7 +457,7 @@ static void mm_glu_run(const struct mm_glu_case *c)
     }
     hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
     const double scale = sqrt((double)K) * (c->norm ? 3.0 : 1.0);
-    if (bf16_mode() && M > 8)
+    if (mm_x_rounded(M, K, c->wdt))
         hx_expect_close(&Y, 1.2e-2 * scale * scale, 0.0, what);
     else
         hx_expect_close(&Y, 2e-5 * scale * scale, 1e-5, what);
@@ -437,6 +473,167 @@ static void mm_glu_run(const struct mm_glu_case *c)
 START_TEST(test_matmul_glu_epilogue)
 {
     mm_glu_run(&mm_glu_cases[_i]);
+}
+END_TEST
+
+/* ---------------------------------------------------------------------------------------------------------------
+ * matmul_skinny.cu's cases: batched decode (M = 2..64) with every feature the kernel folds in — the RMS-norm
+ * prologue (W / W_ONE_PLUS / UNIT, bf16 / f16 / f32 norm weight), bias, accumulate, both gated epilogues — at
+ * the M bucket edges (2, 5, 8, 9, 16, 17, 24, 33, 48, 64; 65 is cuBLAS's), N short of a tile and past many waves,
+ * K tails shorter than a 64-column tile, K split over a cluster (small N, large K; up to 16 blocks at N = 64),
+ * unaligned and 3-D x (4-byte x loads; 3-D views need an even M), padded y. In cuda_ops_dense_skinny (BERTH_CUDA_SKINNY=2, bf16 mode) they
+ * run on the skinny kernel; elsewhere on the GEMV / cuBLAS, against the same CPU results. Each case without
+ * accumulate (and not multiplying into y itself) then runs again on the GPU: the split-K sum is in a fixed order,
+ * so the second result must be bitwise the first. Bounds as the plain, prologue and GLU cases above. */
+struct sk_case {
+    int64_t M, K, N;  /* N outputs (HALVES: w has 2N rows) */
+    berth_dtype wdt;
+    int bias;         /* 0: none; else 1 + bias dtype (HALVES: ne {2N}) */
+    int acc;
+    int xview, yview; /* XV_*; yview 1: y rows N + 3 apart */
+    int norm;         /* BERTH_NORM_* (W_NONE: no prologue) */
+    berth_dtype nwdt; /* norm weight dtype (modes W, W_ONE_PLUS) */
+    int glu, act;     /* BERTH_GLU_*, BERTH_ACT_* */
+    int up_view;      /* MUL: 0 a separate tensor, 1 y itself, 2 rows of a wider tensor (stride 2N + 3) */
+};
+
+#define SK_GELU BERTH_ACT_GELU_TANH
+#define SK_SILU BERTH_ACT_SILU
+#define SK_HALVES BERTH_GLU_HALVES
+#define SK_MUL BERTH_GLU_MUL
+
+static const struct sk_case sk_cases[] = {
+    /* plain products at the E2B shapes and odd ones */
+    {2, 1536, 2560, BF16, 0, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {8, 2048, 1536, BF16, 1 + F32, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {9, 6144, 1536, BF16, 0, 1, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {33, 1536, 2560, F16, 1 + BF16, 1, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {64, 12288, 1536, BF16, 0, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {64, 1536, 4500, BF16, 0, 0, XV_PADDED, 1, 0, BF16, 0, 0, 0},
+    {17, 40, 300, BF16, 0, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {48, 136, 999, F16, 1 + F32, 1, XV_3D, 0, 0, BF16, 0, 0, 0},
+    {5, 4096, 64, BF16, 0, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {24, 264, 40000, BF16, 1 + F32, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {64, 200, 77, BF16, 0, 1, XV_PADDED, 1, 0, BF16, 0, 0, 0},
+    {16, 1032, 129, F16, 0, 0, XV_3D, 1, 0, BF16, 0, 0, 0},
+    {65, 264, 100, BF16, 1 + F32, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    /* the RMS-norm prologue */
+    {2, 1536, 2560, BF16, 0, 0, XV_PACKED, 0, BERTH_NORM_W, BF16, 0, 0, 0},
+    {8, 1536, 2048, BF16, 0, 0, XV_PADDED, 0, BERTH_NORM_W_ONE_PLUS, F32, 0, 0, 0},
+    {33, 1032, 513, F16, 0, 0, XV_PACKED, 0, BERTH_NORM_UNIT, BF16, 0, 0, 0},
+    {64, 1536, 2560, BF16, 1 + F32, 0, XV_PACKED, 0, BERTH_NORM_W, BF16, 0, 0, 0},
+    {10, 520, 100, BF16, 0, 0, XV_3D, 1, BERTH_NORM_W, F16, 0, 0, 0},
+    {48, 6144, 256, BF16, 0, 0, XV_PACKED, 0, BERTH_NORM_W, BF16, 0, 0, 0},
+    /* the gated epilogue, HALVES (w = [gate | up]) */
+    {8, 1536, 6144, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_HALVES, SK_GELU, 0},
+    {64, 1536, 6144, BF16, 1 + F32, 0, XV_PACKED, 0, 0, BF16, SK_HALVES, SK_GELU, 0},
+    {16, 264, 37, F16, 1 + BF16, 0, XV_PACKED, 0, BERTH_NORM_W, BF16, SK_HALVES, SK_SILU, 0},
+    {33, 1536, 12288, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_HALVES, SK_GELU, 0},
+    {2, 2048, 100, BF16, 0, 0, XV_PADDED, 1, 0, BF16, SK_HALVES, SK_GELU, 0},
+    /* the gated epilogue, MUL (times y_glu_up) */
+    {8, 1536, 256, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_MUL, SK_GELU, 2},
+    {64, 1536, 256, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_MUL, SK_GELU, 1},
+    {5, 264, 37, F16, 1 + F32, 0, XV_PACKED, 0, BERTH_NORM_UNIT, BF16, SK_MUL, SK_SILU, 0},
+    {48, 1536, 300, BF16, 0, 0, XV_PADDED, 0, 0, BF16, SK_MUL, SK_GELU, 2},
+};
+#define N_SK_CASES ((int)(sizeof sk_cases / sizeof sk_cases[0]))
+
+static void sk_run(const struct sk_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N, NZ = c->glu == BERTH_GLU_HALVES ? 2 * N : N;
+    char what[224];
+    snprintf(what, sizeof what,
+             "matmul (skinny case) M=%lld K=%lld N=%lld w=%s bias=%s acc=%d xview=%d yview=%d norm=%s(%s) glu=%d "
+             "act=%d up_view=%d",
+             (long long)M, (long long)K, (long long)N, hx_dtype_name(c->wdt),
+             c->bias ? hx_dtype_name((berth_dtype)(c->bias - 1)) : "none", c->acc, c->xview, c->yview,
+             wmode_names[c->norm], hx_dtype_name(c->nwdt), c->glu, c->act, c->up_view);
+    struct hx_tensor X = c->xview == XV_PACKED   ? hx_new(F32, K, M, 0, 0)
+                         : c->xview == XV_PADDED ? hx_new(F32, K + 7, M, 0, 0)
+                                                 : hx_new(F32, 2 * K + 5, M / 2, 0, 0);
+    hx_rand(&X, -1.0f, 1.0f);
+    struct hx_tensor W = hx_new(c->wdt, K, NZ, 0, 0), NW = hx_new(c->nwdt, K, 0, 0, 0);
+    hx_rand(&W, -1.0f, 1.0f);
+    hx_rand(&NW, -1.0f, 1.0f);
+    struct hx_tensor B;
+    memset(&B, 0, sizeof B);
+    if (c->bias) {
+        B = hx_new((berth_dtype)(c->bias - 1), NZ, 0, 0, 0);
+        hx_rand(&B, -1.0f, 1.0f);
+    }
+    const int64_t ldy = c->yview ? N + 3 : N, ldu = c->up_view == 2 ? 2 * N + 3 : N;
+    struct hx_tensor Y = hx_new(F32, ldy, M, 0, 0), U = hx_new(F32, ldu, M, 0, 0);
+    hx_rand(&U, -1.0f, 1.0f);
+    if (c->acc || c->yview || c->up_view == 1)
+        hx_rand(&Y, -1.0f, 1.0f); /* read (accumulate, the up operand) or partly outside the view */
+
+    berth_matmul_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].accumulate = c->acc;
+        if (c->xview == XV_PACKED)
+            p[s].x = X.t[s];
+        else if (c->xview == XV_PADDED)
+            p[s].x = hx_view(&X, s, 3, K, M, 1, 1, K + 7, (K + 7) * M, (K + 7) * M);
+        else
+            p[s].x = hx_view(&X, s, 0, K, 2, M / 2, 1, K, 2 * K + 5, (2 * K + 5) * (M / 2));
+        p[s].w = W.t[s];
+        if (c->bias)
+            p[s].bias = B.t[s];
+        p[s].y = c->yview ? hx_view(&Y, s, 0, N, M, 1, 1, ldy, ldy * M, ldy * M) : Y.t[s];
+        if (c->norm != BERTH_NORM_W_NONE) {
+            p[s].x_norm_mode = c->norm;
+            p[s].x_norm_eps = 1e-6f;
+            if (c->norm != BERTH_NORM_UNIT)
+                p[s].x_norm_w = NW.t[s];
+        }
+        if (c->glu != BERTH_GLU_NONE) {
+            p[s].y_glu = c->glu;
+            p[s].y_glu_act = c->act;
+        }
+        if (c->glu == BERTH_GLU_MUL)
+            p[s].y_glu_up = c->up_view == 1 ? p[s].y
+                            : c->up_view == 2 ? hx_view(&U, s, 3, N, M, 1, 1, ldu, ldu * M, ldu * M)
+                                              : U.t[s];
+    }
+    hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+
+    /* the normalised rows have rms about 1 (x's about 0.58), each GLU output is a product of two sums */
+    double scale = sqrt((double)K) * (c->norm != BERTH_NORM_W_NONE ? 2.0 : 1.0);
+    if (c->glu != BERTH_GLU_NONE)
+        scale *= sqrt((double)K);
+    if (mm_x_rounded(M, K, c->wdt))
+        hx_expect_close(&Y, 6e-3 * scale, 0.0, what);
+    else
+        hx_expect_close(&Y, 1e-5 * scale, 1e-5, what);
+    hx_expect_close(&X, 0.0, 0.0, what); /* read only */
+    hx_expect_close(&U, 0.0, 0.0, what);
+
+    if (!c->acc && c->up_view != 1) { /* the same product again: bitwise the same result */
+        float *first = malloc(Y.bytes), *again = malloc(Y.bytes);
+        ck_assert(first && again);
+        hx_get(&Y, HX_GPU, first);
+        ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &p[HX_GPU]) == BERTH_OK, "%s: rerun: %s", what, hx_last_error);
+        hx_sync();
+        hx_get(&Y, HX_GPU, again);
+        ck_assert_msg(memcmp(first, again, Y.bytes) == 0, "%s: a second run differs from the first (seed %llu)",
+                      what, (unsigned long long)hx->seed);
+        free(first);
+        free(again);
+    }
+    hx_free(&X);
+    hx_free(&W);
+    hx_free(&NW);
+    if (c->bias)
+        hx_free(&B);
+    hx_free(&Y);
+    hx_free(&U);
+}
+
+START_TEST(test_matmul_skinny)
+{
+    sk_run(&sk_cases[_i]);
 }
 END_TEST
 
@@ -974,6 +1171,322 @@ START_TEST(test_rms_norm_second_output)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * matmul with a trailing norm (y_norm): the product, then an rms_norm whose x is the product's y, as one op. The
+ * CUDA backend finishes the norm inside its GEMV kernels (M <= 8, rows norm.cu's fast kernel takes with at most 2
+ * float4 per thread: n <= 256 a warp per row, 512 < n <= 2048 a block; plugins/backend-cuda/gemv_norm.cuh) and
+ * launches the norm after the product otherwise (M = 9, n = 512 or 2560, odd n, unaligned y rows, the skinny
+ * kernel and cuBLAS). Each case runs three times:
+ *  1. on both backends, compared: y to the product's bound; the norm's outputs (rms about 1, |y2 weight| <= 2)
+ *     to the product's relative error (about 3e-5 in fp32) times a few;
+ *  2. the CUDA side again, its outputs poisoned and the residual restored first: the same bytes (the GEMV's
+ *     arrival counter must be back at 0, or the norm would be skipped and leave NaN);
+ *  3. the CUDA side as two ops (matmul without y_norm, then rms_norm): the same bytes again — the fused norm owns,
+ *     sums and rounds every element as norm.cu's kernels do.
+ * Outputs start as NaN bytes. */
+
+enum { YN_OWN, YN_INTO_RESIDUAL, YN_INTO_X }; /* norm.y: its own tensor, the residual (in place, as Gemma 4 writes
+                                               * its post-norms), or the product's y (the norm's x) */
+
+struct yn_case {
+    int64_t M, K, N;
+    berth_dtype wdt; /* the product's weights */
+    int wmode;       /* the norm: weight mode, weight dtype (also the second output's), residual mode */
+    berth_dtype nwdt;
+    int rmode;
+    float oscale;    /* 0: none */
+    int y2mode;      /* -1: no second output */
+    int out;         /* YN_* */
+    int ypad;        /* the product's y rows N + ypad floats apart (0: packed) */
+};
+
+static const struct yn_case yn_cases[] = {
+    /* Gemma 4 E2B: o_proj + post_attention_layernorm into the residual with the next pre-norm; down_proj +
+     * post_feedforward_layernorm with the layer scalar; the per-layer-input projection + its norm */
+    {1, 2048, 1536, BF16, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {1, 6144, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {1, 256, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.5f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    /* M = 2, 5, 8 (matmul.cu's GEMV; in bf16 mode 5 and 8 with bf16/f16 w are the skinny kernel's), M = 9 */
+    {2, 1536, 1536, F32, BERTH_NORM_W_ONE_PLUS, BF16, BERTH_RESID_NONE, 0.0f, -1, YN_OWN, 0},
+    {5, 264, 1536, BF16, BERTH_NORM_UNIT, F32, BERTH_RESID_ADD_BEFORE, 0.0f, BERTH_NORM_W_ONE_PLUS, YN_OWN, 0},
+    {8, 264, 1536, F16, BERTH_NORM_W, F16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_UNIT, YN_INTO_RESIDUAL, 0},
+    {8, 1536, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_OWN, 0},
+    {8, 264, 1536, F32, BERTH_NORM_W_NONE, F32, BERTH_RESID_ADD_BEFORE, 0.37f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {9, 264, 1536, BF16, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    /* row lengths: a warp per row (96: 1 float4 per lane, 256: 2), 512 (4 per lane: not fused), a block of 256
+     * threads (2048), 2560 (not fused); odd lengths and unaligned rows (norm.cu's general kernel: not fused) */
+    {4, 264, 96, F32, BERTH_NORM_W_ONE_PLUS, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_UNIT, YN_OWN, 0},
+    {1, 264, 256, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_BEFORE, 0.0f, BERTH_NORM_W, YN_OWN, 0},
+    {3, 264, 256, F16, BERTH_NORM_W, F16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W_NONE, YN_INTO_RESIDUAL, 0},
+    {1, 264, 512, BF16, BERTH_NORM_W, F32, BERTH_RESID_NONE, 0.0f, BERTH_NORM_W, YN_OWN, 0},
+    {1, 264, 2048, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {2, 264, 2048, BF16, BERTH_NORM_W_ONE_PLUS, BF16, BERTH_RESID_ADD_BEFORE, 0.37f, BERTH_NORM_W, YN_OWN, 0},
+    {1, 264, 2560, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {1, 77, 333, F32, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {3, 264, 1537, BF16, BERTH_NORM_W_NONE, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, YN_OWN, 0},
+    /* scalar weight loads (K = 77: matmul.cu's GEMV at M = 1 too), padded y rows (aligned: fused; 3 floats:
+     * not), and the norm in place over the product's y */
+    {1, 77, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+    {2, 77, 1536, F16, BERTH_NORM_W, F32, BERTH_RESID_ADD_BEFORE, 0.0f, BERTH_NORM_W, YN_OWN, 0},
+    {1, 1536, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_OWN, 4},
+    {2, 264, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_OWN, 3},
+    {1, 1536, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, YN_INTO_X, 0},
+    {4, 264, 1536, F32, BERTH_NORM_UNIT, F32, BERTH_RESID_NONE, 0.0f, BERTH_NORM_UNIT, YN_INTO_X, 0},
+};
+#define N_YN_CASES ((int)(sizeof yn_cases / sizeof yn_cases[0]))
+
+/* One case's tensors and both sides' params (rp: the norm, p: the product pointing at it). */
+struct yn_op {
+    struct hx_tensor X, W, T, R, O, NW, Y2, W2;
+    float *rinit, *tinit;          /* the first contents of the residual and of the product's y (padded rows) */
+    berth_rms_norm_params rp[2];
+    berth_matmul_params p[2];
+    const struct hx_tensor *outs[4]; /* what the op writes: the product's y, the norm's y, the residual, y2 */
+    int n_outs;
+};
+
+static void yn_add_out(struct yn_op *o, const struct hx_tensor *t)
+{
+    for (int i = 0; i < o->n_outs; i++)
+        if (o->outs[i] == t)
+            return;
+    o->outs[o->n_outs++] = t;
+}
+
+static void yn_setup(const struct yn_case *c, struct yn_op *o)
+{
+    const int64_t M = c->M, K = c->K, N = c->N, ld = N + c->ypad;
+    memset(o, 0, sizeof *o);
+    o->X = hx_new(F32, K, M, 0, 0);
+    hx_rand(&o->X, -1.0f, 1.0f);
+    o->W = hx_new(c->wdt, K, N, 0, 0);
+    hx_rand(&o->W, -1.0f, 1.0f);
+    o->T = hx_new(F32, ld, M, 0, 0);
+    if (c->ypad) /* the padding must come back unchanged: finite values on both sides */
+        hx_rand(&o->T, -1.0f, 1.0f);
+    o->tinit = malloc(o->T.bytes);
+    ck_assert_ptr_nonnull(o->tinit);
+    hx_get(&o->T, HX_CPU, o->tinit);
+    o->R = hx_new(F32, N, M, 0, 0);
+    o->O = hx_new(F32, N, M, 0, 0);
+    o->Y2 = hx_new(F32, N, M, 0, 0);
+    o->NW = hx_new(c->nwdt, N, 0, 0, 0);
+    o->W2 = hx_new(c->nwdt, N, 0, 0, 0);
+    hx_rand(&o->NW, -1.0f, 1.0f);
+    hx_rand(&o->W2, -1.0f, 1.0f);
+    o->rinit = malloc((size_t)(N * M) * sizeof(float));
+    ck_assert_ptr_nonnull(o->rinit);
+    for (int64_t i = 0; i < N * M; i++)
+        o->rinit[i] = hx_rand_uniform(-1.0f, 1.0f);
+    hx_set(&o->R, o->rinit);
+    for (int s = 0; s < 2; s++) {
+        berth_rms_norm_params *r = &o->rp[s];
+        memset(r, 0, sizeof *r);
+        r->struct_size = sizeof *r;
+        r->weight_mode = c->wmode;
+        r->resid_mode = c->rmode;
+        r->eps = 1e-6f;
+        const berth_tensor t = c->ypad ? hx_view(&o->T, s, 0, N, M, 1, 1, ld, ld * M, ld * M) : o->T.t[s];
+        r->x = t;
+        if (c->wmode == BERTH_NORM_W || c->wmode == BERTH_NORM_W_ONE_PLUS)
+            r->w = o->NW.t[s];
+        if (c->rmode != BERTH_RESID_NONE)
+            r->residual = o->R.t[s];
+        r->y = c->out == YN_OWN ? o->O.t[s] : c->out == YN_INTO_RESIDUAL ? o->R.t[s] : t;
+        r->out_scale = c->oscale;
+        if (c->y2mode >= 0) {
+            r->y2_weight_mode = c->y2mode;
+            if (c->y2mode == BERTH_NORM_W || c->y2mode == BERTH_NORM_W_ONE_PLUS)
+                r->y2_w = o->W2.t[s];
+            r->y2 = o->Y2.t[s];
+        }
+        berth_matmul_params *m = &o->p[s];
+        memset(m, 0, sizeof *m);
+        m->struct_size = sizeof *m;
+        m->x = o->X.t[s];
+        m->w = o->W.t[s];
+        m->y = t;
+        m->y_norm = r;
+    }
+    yn_add_out(o, &o->T);
+    yn_add_out(o, c->out == YN_OWN ? &o->O : c->out == YN_INTO_RESIDUAL ? &o->R : &o->T);
+    if (c->rmode == BERTH_RESID_ADD_BEFORE)
+        yn_add_out(o, &o->R);
+    if (c->y2mode >= 0)
+        yn_add_out(o, &o->Y2);
+}
+
+static void yn_free(struct yn_op *o)
+{
+    hx_free(&o->X);
+    hx_free(&o->W);
+    hx_free(&o->T);
+    hx_free(&o->R);
+    hx_free(&o->O);
+    hx_free(&o->Y2);
+    hx_free(&o->NW);
+    hx_free(&o->W2);
+    free(o->rinit);
+    free(o->tinit);
+}
+
+/* Compare run 1 of both sides: the product's y (unless the norm overwrote it) to the product's bound, the rest
+ * (the norm's outputs; the residual of ADD_BEFORE is residual + y) to nbound. */
+static void yn_expect_close(const struct yn_case *c, const struct yn_op *o, const char *what)
+{
+    const double scale = sqrt((double)c->K);
+    const bool rounded = mm_x_rounded(c->M, c->K, c->wdt);
+    const double yatol = rounded ? 6e-3 * scale : 1e-5 * scale, yrtol = rounded ? 0.0 : 1e-5;
+    const double natol = rounded ? 0.15 : 3e-4, nrtol = rounded ? 0.0 : 1e-4;
+    char w2[200];
+    if (c->out != YN_INTO_X) {
+        snprintf(w2, sizeof w2, "%s: product y", what);
+        hx_expect_close(&o->T, yatol, yrtol, w2);
+    }
+    const struct hx_tensor *ny = c->out == YN_OWN ? &o->O : c->out == YN_INTO_RESIDUAL ? &o->R : &o->T;
+    snprintf(w2, sizeof w2, "%s: norm y", what);
+    hx_expect_close(ny, natol, nrtol, w2);
+    if (c->rmode == BERTH_RESID_ADD_BEFORE && c->out != YN_INTO_RESIDUAL) {
+        snprintf(w2, sizeof w2, "%s: residual", what);
+        hx_expect_close(&o->R, yatol, yrtol, w2);
+    }
+    if (c->y2mode >= 0) {
+        snprintf(w2, sizeof w2, "%s: y2", what);
+        hx_expect_close(&o->Y2, natol, nrtol, w2);
+    }
+}
+
+/* The GPU side's bytes of every output, malloc'd (caller frees each). */
+static void yn_snapshot(const struct yn_op *o, void *snap[4])
+{
+    for (int i = 0; i < o->n_outs; i++) {
+        snap[i] = malloc(o->outs[i]->bytes);
+        ck_assert_ptr_nonnull(snap[i]);
+        hx_get(o->outs[i], HX_GPU, snap[i]);
+    }
+}
+
+/* Before a GPU-only rerun: the residual and the product's y back to their first contents (NaN rows, padding
+ * kept), the norm's own outputs poisoned. */
+static void yn_reset_gpu(const struct yn_op *o)
+{
+    const struct hx_side *g = &hx->side[HX_GPU];
+    ck_assert(g->vt->buffer_upload(g->be, g->s, o->R.buf[HX_GPU], 0, o->rinit, o->R.bytes) == BERTH_OK);
+    ck_assert(g->vt->buffer_upload(g->be, g->s, o->T.buf[HX_GPU], 0, o->tinit, o->T.bytes) == BERTH_OK);
+    for (int i = 0; i < o->n_outs; i++)
+        if (o->outs[i] != &o->R && o->outs[i] != &o->T)
+            ck_assert(g->vt->buffer_fill(g->be, g->s, o->outs[i]->buf[HX_GPU], 0, 0xFF, o->outs[i]->bytes) ==
+                      BERTH_OK);
+}
+
+/* The GPU side's outputs are byte for byte the snapshot. */
+static void yn_expect_snapshot(const struct yn_op *o, void *const snap[4], const char *what, const char *run)
+{
+    for (int i = 0; i < o->n_outs; i++) {
+        const struct hx_tensor *t = o->outs[i];
+        float *got = malloc(t->bytes);
+        ck_assert_ptr_nonnull(got);
+        hx_get(t, HX_GPU, got);
+        const float *want = snap[i];
+        const int64_t n = (int64_t)(t->bytes / sizeof(float));
+        for (int64_t k = 0; k < n; k++)
+            if (memcmp(&got[k], &want[k], sizeof(float)) != 0) {
+                const double g = got[k], w = want[k];
+                free(got);
+                ck_abort_msg("%s: %s: output %d element %lld is %.9g, the first run wrote %.9g", what, run, i,
+                             (long long)k, g, w);
+            }
+        free(got);
+    }
+}
+
+static void yn_run(const struct yn_case *c)
+{
+    char what[200];
+    snprintf(what, sizeof what,
+             "matmul + y_norm M=%lld K=%lld N=%lld w=%s norm %s (%s) resid=%s out_scale=%g y2=%s out=%d ypad=%d",
+             (long long)c->M, (long long)c->K, (long long)c->N, hx_dtype_name(c->wdt), wmode_names[c->wmode],
+             hx_dtype_name(c->nwdt), rmode_names[c->rmode], (double)c->oscale,
+             c->y2mode >= 0 ? wmode_names[c->y2mode] : "none", c->out, c->ypad);
+    struct yn_op o;
+    yn_setup(c, &o);
+    hx_run_both(BERTH_OP_MATMUL, &o.p[HX_CPU], &o.p[HX_GPU], what);
+    yn_expect_close(c, &o, what);
+
+    void *snap[4] = {NULL, NULL, NULL, NULL};
+    yn_snapshot(&o, snap);
+    yn_reset_gpu(&o);
+    ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &o.p[HX_GPU]) == BERTH_OK, "%s: second run: %s", what,
+                  hx_last_error);
+    hx_sync();
+    yn_expect_snapshot(&o, snap, what, "second run");
+
+    yn_reset_gpu(&o);
+    berth_matmul_params plain = o.p[HX_GPU];
+    plain.y_norm = NULL;
+    ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &plain) == BERTH_OK, "%s: matmul alone: %s", what, hx_last_error);
+    ck_assert_msg(hx_op(HX_GPU, BERTH_OP_RMS_NORM, &o.rp[HX_GPU]) == BERTH_OK, "%s: rms_norm alone: %s", what,
+                  hx_last_error);
+    hx_sync();
+    yn_expect_snapshot(&o, snap, what, "matmul, then rms_norm");
+    for (int i = 0; i < o.n_outs; i++)
+        free(snap[i]);
+    yn_free(&o);
+}
+
+START_TEST(test_matmul_y_norm)
+{
+    yn_run(&yn_cases[_i]);
+}
+END_TEST
+
+/* The fused op recorded once in a CUDA graph and replayed with new x and residual contents: each replay matches
+ * the CPU backend (the GEMV's counter is back at 0 after every replay, with no reset on the host). Both a
+ * batch-1 shape (gemv.cu) and M = 3 (matmul.cu's GEMV). */
+START_TEST(test_matmul_y_norm_graph)
+{
+    const struct hx_side *g = &hx->side[HX_GPU];
+    ck_assert_ptr_nonnull(g->vt->graph_begin);
+    static const struct yn_case gc[2] = {
+        {1, 2048, 1536, BF16, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, YN_INTO_RESIDUAL, 0},
+        {3, 264, 1536, F32, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, YN_OWN, 0},
+    };
+    for (int k = 0; k < 2; k++) {
+        const struct yn_case *c = &gc[k];
+        struct yn_op o;
+        yn_setup(c, &o);
+        char what[128];
+        snprintf(what, sizeof what, "matmul + y_norm in a graph, M=%lld K=%lld", (long long)c->M, (long long)c->K);
+        hx_run_both(BERTH_OP_MATMUL, &o.p[HX_CPU], &o.p[HX_GPU], what);
+        yn_expect_close(c, &o, what);
+        berth_graph *graph = NULL;
+        ck_assert_msg(g->vt->graph_begin(g->be, g->s) == BERTH_OK, "%s: graph_begin: %s", what, hx_last_error);
+        const berth_status st_op = hx_op(HX_GPU, BERTH_OP_MATMUL, &o.p[HX_GPU]);
+        char op_err[512];
+        snprintf(op_err, sizeof op_err, "%s", hx_last_error);
+        const berth_status st_end = g->vt->graph_end(g->be, g->s, &graph); /* ends the capture even on failure */
+        ck_assert_msg(st_op == BERTH_OK, "%s: while recording: %s", what, op_err);
+        ck_assert_msg(st_end == BERTH_OK && graph, "%s: graph_end: %s", what, hx_last_error);
+        for (int r = 0; r < 3; r++) {
+            char wr[160];
+            snprintf(wr, sizeof wr, "%s, replay %d", what, r);
+            hx_rand(&o.X, -1.0f, 1.0f);
+            for (int64_t i = 0; i < c->N * c->M; i++)
+                o.rinit[i] = hx_rand_uniform(-1.0f, 1.0f);
+            hx_set(&o.R, o.rinit);
+            yn_reset_gpu(&o);
+            ck_assert_msg(g->vt->graph_launch(g->be, g->s, graph) == BERTH_OK, "%s: graph_launch: %s", wr,
+                          hx_last_error);
+            ck_assert_msg(hx_op(HX_CPU, BERTH_OP_MATMUL, &o.p[HX_CPU]) == BERTH_OK, "%s: cpu: %s", wr, hx_last_error);
+            hx_sync();
+            yn_expect_close(c, &o, wr);
+        }
+        g->vt->graph_destroy(g->be, graph);
+        yn_free(&o);
+    }
+}
+END_TEST
+
 /* --------------------------------------------------------------------------------------------------------------- */
 
 static Suite *make_suite(void)
@@ -985,6 +1498,9 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_matmul_supports);
     tcase_add_loop_test(tc, test_matmul_norm_prologue, 0, N_MM_NORM_CASES);
     tcase_add_loop_test(tc, test_matmul_glu_epilogue, 0, N_MM_GLU_CASES);
+    tcase_add_loop_test(tc, test_matmul_skinny, 0, N_SK_CASES);
+    tcase_add_loop_test(tc, test_matmul_y_norm, 0, N_YN_CASES);
+    tcase_add_test(tc, test_matmul_y_norm_graph);
     suite_add_tcase(s, tc);
     tc = tcase_create("norm");
     tcase_set_timeout(tc, 120);

@@ -493,6 +493,67 @@ START_TEST(test_greedy_ties)
 }
 END_TEST
 
+START_TEST(test_greedy_argmax_blocks)
+{
+    /* The greedy fast path cuts each row into segments (at least 2048 entries, at most 1024 per row; one block
+     * each) and merges the segments' bests: ties across a segment boundary and across segments far apart (the
+     * lower id wins), the maximum in the last entry and in the first, a row of -inf only (id 0), NaN entries
+     * (ranked as -inf); V = 2048 (one segment, no merge), 2049 (a 1-entry-short second segment), 262144 (128
+     * segments), 3000001 (1024 segments of 2930 entries, the last one shorter); packed and padded rows. */
+    const int64_t Vs[4] = {2048, 2049, 262144, 3000001};
+    for (int vi = 0; vi < 4; vi++)
+        for (int pad = 0; pad < 2; pad++) {
+            const int64_t V = Vs[vi];
+            int64_t nparts = (V + 2047) / 2048;
+            nparts = nparts > 1024 ? 1024 : nparts;
+            const int64_t seg = (V + nparts - 1) / nparts; /* the kernel's segment length */
+            const int64_t edge = seg < V ? seg : V / 2;   /* first id of segment 1 (or mid-row) */
+            struct scase c = scase_new("greedy segments", V, 5, 0, 0, 1.0);
+            c.pad = pad ? 13 : 0;
+            int32_t expect[5];
+            for (int32_t r = 0; r < c.R; r++) {
+                float *x = c.x + (int64_t)r * V;
+                float mx = x[0];
+                for (int64_t i = 1; i < V; i++)
+                    mx = x[i] > mx ? x[i] : mx;
+                const float top = mx + 1.0f;
+                switch (r) {
+                case 0: /* the last entry */
+                    x[V - 1] = top;
+                    expect[r] = (int32_t)(V - 1);
+                    break;
+                case 1: /* a tie across the first segment boundary, and a third one in the last entry */
+                    x[edge - 1] = x[edge] = x[V - 1] = top;
+                    expect[r] = (int32_t)(edge - 1);
+                    break;
+                case 2: /* -inf everywhere */
+                    for (int64_t i = 0; i < V; i++)
+                        x[i] = -INFINITY;
+                    expect[r] = 0;
+                    break;
+                case 3: /* NaN in a few places (not the first), the maximum late in the row, tied later still */
+                    for (int64_t i = 1; i < V; i += V / 7 + 1)
+                        x[i] = NAN;
+                    x[V - 2] = x[V - 1] = top;
+                    expect[r] = (int32_t)(V - 2);
+                    break;
+                default: /* the first entry, tied in the middle (another segment when there are several) */
+                    x[0] = x[V / 2] = top;
+                    expect[r] = 0;
+                    break;
+                }
+            }
+            int32_t *ids = NULL;
+            check_sample(&c, &ids);
+            for (int32_t r = 0; r < c.R; r++)
+                ck_assert_msg(ids[r] == expect[r], "greedy segments V %" PRId64 " pad %d row %d: id %d, expected %d",
+                              V, pad, r, ids[r], expect[r]);
+            free(ids);
+            scase_free(&c);
+        }
+}
+END_TEST
+
 START_TEST(test_temperature_only)
 {
     const float temps[8] = {0.25f, 0.5f, 0.7f, 1.0f, 1.0f, 1.3f, 2.0f, 5.0f};
@@ -922,6 +983,7 @@ static Suite *make_suite(void)
     TCase *tc = tcase_create("sample");
     tcase_set_timeout(tc, 240);
     tcase_add_test(tc, test_greedy_ties);
+    tcase_add_test(tc, test_greedy_argmax_blocks);
     tcase_add_test(tc, test_temperature_only);
     tcase_add_test(tc, test_top_k);
     tcase_add_test(tc, test_top_p);

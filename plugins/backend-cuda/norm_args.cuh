@@ -1,0 +1,51 @@
+/*
+ * norm_args.cuh — rms_norm's kernel arguments (norm.cu) and the little its kernels share with the GEMV kernels
+ * that finish a matmul's trailing norm themselves (gemv_norm.cuh), which take the same arguments.
+ */
+#ifndef BERTH_CUDA_NORM_ARGS_CUH
+#define BERTH_CUDA_NORM_ARGS_CUH
+
+#include "cuda_internal.h"
+#include "cuda_device.cuh"
+
+#define NM_WARP_MAX 1024    /* general kernels: rows up to this many elements get a warp each */
+#define NM_VEC_WARP_MAX 512 /* fast rms_norm: rows up to this many elements get a warp each (4 float4 per lane) */
+#define NM_VEC_MAX 8192     /* fast rms_norm: longest row (1024 threads x 2 float4) */
+#define NM_WNONE (-1)       /* fast rms_norm weight template argument: no weight */
+
+struct nm_rms_args {
+    cu_rows x, y, res; /* res only with a residual mode */
+    const void *w;     /* NULL unless weight mode W / W_ONE_PLUS */
+    int32_t wdt, wmode, rmode;
+    int32_t w_early;   /* fast kernel: the weight may be read before cu_pdl_wait (a weights buffer) */
+    float eps;
+    float oscale;      /* out_scale: y is multiplied by it (1: nothing to do) */
+    int64_t n, rows;
+    /* RoPE after the weight (nm_rms_rope_kernel only): row r is head r % heads of token r / heads */
+    const int32_t *pos;
+    const float *freqs;
+    int64_t heads;
+    int32_t rmode_rope, roff, np;
+    /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
+    int32_t has_y2, w2dt, w2mode;
+    const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
+    cu_rows y2;
+};
+
+/* Row i of a tensor whose rows the norms read and write as floats. */
+static __device__ __forceinline__ float *nm_row(const cu_rows &r, int64_t i)
+{
+    return (float *)cu_row(r, i);
+}
+
+/* The weight factor of element i in mode `mode` (W: w, W_ONE_PLUS: 1 + w, otherwise 1). */
+static __device__ __forceinline__ float nm_factor(const void *w, int dt, int mode, int64_t i)
+{
+    if (mode == BERTH_NORM_W)
+        return cu_ld(w, dt, i);
+    if (mode == BERTH_NORM_W_ONE_PLUS)
+        return 1.0f + cu_ld(w, dt, i);
+    return 1.0f;
+}
+
+#endif
