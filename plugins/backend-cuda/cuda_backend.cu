@@ -358,11 +358,17 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
                      "expected", sx);
     }
+    /* 64 rows of w per block where that tile exists: on the H200 it beat the bandwidth model's own choice end to
+     * end (E2B decode, 8 / 16 sequences: 2531 / 4259 tok/s against 2343 / 4146; bench/RESULTS.md session 4). */
+    be->skinny_bn = 64;
     if (const char *bn = getenv("BERTH_CUDA_SKINNY_BN")) { /* a measurement switch (docs/config.md) */
         if (strcmp(bn, "64") == 0 || strcmp(bn, "128") == 0 || strcmp(bn, "256") == 0)
             be->skinny_bn = atoi(bn);
+        else if (strcmp(bn, "auto") == 0)
+            be->skinny_bn = 0;
         else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_BN='%s' ignored: 64, 128 or 256 is expected", bn);
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_BN='%s' ignored: 64, 128, 256 or auto is "
+                     "expected", bn);
     }
     /* Off by default: on the H200 the fused tail measured slower than the second launch (E2B batch 1: 420 against
      * 444 tok/s, bench/RESULTS.md session 4). BERTH_CUDA_GEMV_NORM=1..8 turns it on up to that M. */
