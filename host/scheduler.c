@@ -575,22 +575,35 @@ static void collect(struct scheduler *s, struct inflight *f)
 }
 
 /* Step N+1 of the requests decoding in f (step N, in flight) before f's tokens are known: each feeds its token
- * from the device. Only when that is exactly the step the planner would make: no request waiting (admission
- * needs a plan), every running request decoding in f, no penalties (their history lacks the token in flight),
- * and the KV blocks at hand. Requests whose token in f is their last (max_new) get no row. 1 when launched. */
+ * from the device. Only when that is the step the planner would make: no waiting request it could admit (its
+ * sequence slots are taken), every running request decoding in f, no penalties (their history lacks the token in
+ * flight), and the KV blocks at hand. Requests whose token in f is their last (max_new) get no row. A request
+ * that stops on f's token frees its slot one step later than without overlap. 1 when launched. */
 static int chain(struct scheduler *s, struct inflight *f, int *failed)
 {
     *failed = 0;
     if (!runner_can_feed(s->r)) return 0;
-    int32_t alive = 0, running = 0;
-    for (int32_t i = 0; i < f->n_rows; i++) alive += f->rq[i] != NULL;
+    int32_t alive = 0, running = 0, ending = 0;
+    for (int32_t i = 0; i < f->n_rows; i++)
+        if (f->rq[i]) {
+            alive++;
+            ending += f->rq[i]->n_gen + 1 >= f->rq[i]->max_new; /* its token in flight is its last */
+        }
+    const struct req *first_waiting = NULL;
     for (int32_t i = 0; i < s->n_reqs; i++) {
         const struct req *q = s->reqs[i];
-        if (q->state != RQ_RUNNING) return 0;
+        if (q->state != RQ_RUNNING) {
+            if (!first_waiting) first_waiting = q;
+            continue;
+        }
         if (q_uses_penalties(q)) return 0;
         running++;
     }
     if (running != alive || alive == 0) return 0;
+    /* A waiting request the planner could admit now (first come, first served: the first waiting one; admission
+     * needs its sequence slots, counting those the requests ending by length give back) means a normal step. When
+     * the slots are full the plan is the decode rows alone: chain (a serving queue longer than max_seqs). */
+    if (first_waiting && seqs_reserved(s) - ending + first_waiting->n_samples <= runner_max_seqs(s->r)) return 0;
     int32_t n = 0;
     for (int32_t g = 0; g < kv_n_groups(s->kv); g++) s->need_sum[g] = 0;
     for (int32_t i = 0; i < f->n_rows; i++) {

@@ -35,8 +35,9 @@
  *
  * Overlap (runner.h, [scheduler] overlap): a step's sample is launched, not waited for; the next sched_step then
  * launches the following decode step with each row's token fed on the device from that sample (when that is the
- * step the planner would make: nobody waiting, every running request decoding in it, no penalties, KV at hand)
- * and only then collects the earlier step's tokens (callbacks, stops) while the new one runs; otherwise it
+ * step the planner would make: no waiting request it could admit — its sequence slots taken —, every running
+ * request decoding in it, no penalties, KV at hand) and only then collects the earlier step's tokens (callbacks,
+ * stops) while the new one runs; otherwise it
  * collects first and plans as usual. Tokens therefore reach the callbacks one sched_step later; outputs are the
  * same. A request that stops on a collected token drops its row of the step in flight.
  *

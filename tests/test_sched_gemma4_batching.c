@@ -7,7 +7,8 @@
  *    completes with the tokens it gets alone;
  *  - n = 4 samples fork one prefilled sequence (forks counter 3, shared blocks) and sample k equals a lone run
  *    with seed + k;
- *  - cancel frees the request's KV at once; a request that alone cannot fit fails when added.
+ *  - cancel frees the request's KV at once; a request that alone cannot fit fails when added;
+ *  - with every sequence slot taken and requests waiting, decode steps are still chained (overlap variant).
  * Exits 77 while tests/fixtures/gemma4/ holds no checkpoints. */
 #include "scheduler.h"
 #include "test_gemma4_fixture.h"
@@ -282,6 +283,28 @@ START_TEST(test_batching)
     ck_assert_ptr_nonnull(strstr(berth_last_error(), "KV blocks of group '"));
     ck_assert_int_eq(sched_pending(sc), 0);
     free(ids);
+    sched_free(sc);
+    g4_close(&many);
+
+    /* 5. A full house (max_seqs 2, every request queued at once): while requests wait for a sequence slot, the
+     *    running two's decode steps are still chained when the runner can feed them; outputs equal alone. */
+    open_batch(f.dir, 2, 0, &many);
+    memset(o, 0, sizeof *o);
+    ck_assert_int_eq(sched_create(many.r, &cb, &sc), BERTH_OK);
+    for (int32_t i = 0; i < nr; i++) {
+        struct sched_request rq5 = request(req_prompt(&f, i), req_temp(&f, i), 17 + (uint64_t)i, 1);
+        ck_assert_int_eq(sched_add(sc, i, &rq5), BERTH_OK);
+    }
+    int chained_waiting = 0;
+    for (int guard = 0; sched_pending(sc) > 0; guard++) {
+        ck_assert_int_lt(guard, 2000);
+        const int64_t c0 = sched_stats(sc)->chained_steps;
+        const int32_t waiting = sched_stats(sc)->waiting;
+        ck_assert_msg(sched_step(sc, &did) == BERTH_OK, "%s", berth_last_error());
+        if (waiting > 0 && sched_stats(sc)->chained_steps > c0) chained_waiting = 1;
+    }
+    check_against_alone(&f, o, ref, nr);
+    ck_assert_int_eq(chained_waiting, runner_can_feed(many.r) && nr > 2);
     sched_free(sc);
     g4_close(&many);
     g4_close(&one);
