@@ -858,7 +858,7 @@ berth_status runner_sample_rows(struct runner *r, int32_t first, int32_t n_rows,
     return runner_sample_rows_lp(r, first, n_rows, sp, counters, ids, NULL);
 }
 
-static int uses_penalties(const struct runner_sampling *sp)
+int runner_sampling_uses_penalties(const struct runner_sampling *sp)
 {
     float rep = sp->repetition_penalty == 0.0f ? 1.0f : sp->repetition_penalty;
     return rep != 1.0f || sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
@@ -978,7 +978,7 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
         berth_status st = check_sampling(&sp[i], i);
         if (st) return st;
         if (want_lp && sp[i].n_top > n_top) n_top = sp[i].n_top;
-        if (uses_penalties(&sp[i])) n_hist += sp[i].n_history;
+        if (runner_sampling_uses_penalties(&sp[i])) n_hist += sp[i].n_history;
         o->row_ntop[i] = sp[i].n_top;
     }
     if (n_top > r->info.vocab_size) n_top = r->info.vocab_size;
@@ -996,7 +996,7 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
             if (sp[i].temperature > 0)
                 return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: only --temperature 0 works",
                                   dev);
-            if (uses_penalties(&sp[i]) || want_lp)
+            if (runner_sampling_uses_penalties(&sp[i]) || want_lp)
                 return berth_fail(BERTH_E_UNSUPPORTED, "backend '%s' has no sample op: no penalties or logprobs",
                                   dev);
         }
@@ -1032,7 +1032,7 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
         top_k[i] = sp[i].top_k;
         seed[i] = sp[i].seed;
         hist_start[i] = h;
-        if (uses_penalties(&sp[i]) && sp[i].n_history > 0) {
+        if (runner_sampling_uses_penalties(&sp[i]) && sp[i].n_history > 0) {
             memcpy(hist + h, sp[i].history, (size_t)sp[i].n_history * sizeof *hist);
             h += sp[i].n_history;
         }

@@ -117,6 +117,9 @@ struct runner_sampling {
     int32_t n_top;               /* top logprobs wanted, 0..RUNNER_MAX_TOP_LOGPROBS */
 };
 
+/* Whether sp sets any penalty (repetition != 1 or 0, presence or frequency != 0): only then is its history read. */
+int runner_sampling_uses_penalties(const struct runner_sampling *sp);
+
 /* Per row: the log-softmax of the penalised, temperature-free logits at the chosen id and at the n_top best ids
  * (best first, ties to the lower id), as the backend's sample op defines them. */
 struct runner_sample_out {

@@ -501,12 +501,6 @@ static berth_status fork_samples(struct scheduler *s, struct req *q, int32_t row
 
 /* ---- overlap (runner.h, "Overlap") ---- */
 
-static int q_uses_penalties(const struct req *q)
-{
-    float rep = q->sp.repetition_penalty == 0.0f ? 1.0f : q->sp.repetition_penalty;
-    return rep != 1.0f || q->sp.presence_penalty != 0.0f || q->sp.frequency_penalty != 0.0f;
-}
-
 static int32_t infl_row_of(const struct inflight *f, const struct req *q)
 {
     for (int32_t i = 0; f->active && i < f->n_rows; i++)
@@ -596,7 +590,7 @@ static int chain(struct scheduler *s, struct inflight *f, int *failed)
             if (!first_waiting) first_waiting = q;
             continue;
         }
-        if (q_uses_penalties(q)) return 0;
+        if (runner_sampling_uses_penalties(&q->sp)) return 0;
         running++;
     }
     if (running != alive || alive == 0) return 0;
