@@ -55,8 +55,8 @@ typedef struct berth_engine_request {
     float repetition_penalty;  /* 0 or 1: off; > 1 discourages ids already in the prompt or the output */
     float presence_penalty;    /* 0: off; subtracted once from the logit of every id already generated */
     float frequency_penalty;   /* 0: off; subtracted per occurrence of each id already generated */
-    /* Which ids the penalties count: with a repetition penalty, prompt + generated for all three (HF counts the
-     * prompt for repetition); without one, generated only (vLLM / OpenAI presence and frequency). */
+    /* Which ids the penalties count (vLLM / OpenAI): repetition the prompt + the generated ids, presence and
+     * frequency the generated ids only. */
     int32_t logprobs;          /* non-zero: TOKEN events carry the token's logprob ... */
     int32_t top_logprobs;      /* ... and the top_logprobs (0..20) most likely ids with theirs */
     int32_t n_stop_strings;

@@ -44,7 +44,7 @@ static const char generate_usage[] =
     "  --repetition-penalty R > 1 discourages tokens already in the prompt or output (1 = off, default)\n"
     "  --presence-penalty X   subtracted once from the logit of every token already generated (0 = off)\n"
     "  --frequency-penalty X  subtracted per occurrence of each token already generated (0 = off)\n"
-    "                         (with --repetition-penalty, presence/frequency count prompt tokens too)\n"
+    "                         (prompt tokens count for --repetition-penalty only, as in vLLM / OpenAI)\n"
     "  --logprobs N           with --json: each token's logprob and the N (0..20) most likely tokens' logprobs\n"
     "  --seed S               seed of the sampler (default 0)\n"
     "  --ignore-eos           do not stop at the model's end-of-sequence ids\n"

@@ -875,6 +875,9 @@ static berth_status check_sampling(const struct runner_sampling *sp, int32_t row
                           (double)sp->repetition_penalty);
     if (sp->n_history < 0 || (sp->n_history > 0 && !sp->history))
         return berth_fail(BERTH_E_INVALID, "row %d: bad penalty history (%d ids)", (int)row, (int)sp->n_history);
+    if (sp->n_history_prompt < 0 || sp->n_history_prompt > sp->n_history)
+        return berth_fail(BERTH_E_INVALID, "row %d: penalty history prompt length %d must be in 0..%d", (int)row,
+                          (int)sp->n_history_prompt, (int)sp->n_history);
     return BERTH_OK;
 }
 
@@ -1013,10 +1016,11 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
     size_t n = (size_t)n_rows;
     float *fl = malloc(n * 6 * sizeof *fl);
     int32_t *top_k = malloc(n * sizeof *top_k), *hist_start = calloc(n + 1, sizeof *hist_start);
+    int32_t *out_start = malloc(n * sizeof *out_start);
     int32_t *hist = malloc((size_t)(n_hist > 0 ? n_hist : 1) * sizeof *hist);
     uint64_t *seed = malloc(n * sizeof *seed);
-    if (!fl || !top_k || !hist_start || !hist || !seed) {
-        free(fl), free(top_k), free(hist_start), free(hist), free(seed);
+    if (!fl || !top_k || !hist_start || !out_start || !hist || !seed) {
+        free(fl), free(top_k), free(hist_start), free(out_start), free(hist), free(seed);
         return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     }
     float *temperature = fl, *top_p = fl + n, *min_p = fl + 2 * n, *rep = fl + 3 * n, *presence = fl + 4 * n,
@@ -1032,8 +1036,10 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
         top_k[i] = sp[i].top_k;
         seed[i] = sp[i].seed;
         hist_start[i] = h;
+        out_start[i] = h; /* where the row's generated ids begin: presence/frequency count from there */
         if (runner_sampling_uses_penalties(&sp[i]) && sp[i].n_history > 0) {
             memcpy(hist + h, sp[i].history, (size_t)sp[i].n_history * sizeof *hist);
+            out_start[i] = h + sp[i].n_history_prompt;
             h += sp[i].n_history;
         }
     }
@@ -1054,6 +1060,7 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
     p.counter = counters;
     p.history = h > 0 ? hist : NULL;
     p.history_start = hist_start;
+    p.history_output_start = out_start;
     uint64_t row_bytes = (uint64_t)r->info.vocab_size * sizeof(float);
     p.logits = tensor_2d(r->logits, (uint64_t)first * row_bytes, BERTH_DTYPE_F32, r->info.vocab_size, n_rows);
     p.ids = tensor_1d(r->meta, r->off_ids, BERTH_DTYPE_I32, n_rows);
@@ -1064,7 +1071,7 @@ berth_status runner_sample_launch(struct runner *r, int slot, int32_t first, int
     }
     const berth_backend_vtable *vt = r->be->vt;
     berth_status st = ops->sample(r->be->be, r->stream, &p);
-    free(fl), free(top_k), free(hist_start), free(hist), free(seed); /* the op read them before returning */
+    free(fl), free(top_k), free(hist_start), free(out_start), free(hist), free(seed); /* read before returning */
     if (st) return fail_with_backend(st, "sampling failed");
     r->fed_rows = n_rows;
     /* The outputs to the slot: into its pinned mirror (same offsets as meta, less off_ids) with asynchronous copies
@@ -1165,6 +1172,7 @@ berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n,
     struct runner_sampling row_sp = *sp;
     int with_prompt = sp->repetition_penalty != 0.0f && sp->repetition_penalty != 1.0f;
     row_sp.history = with_prompt ? all : toks;
+    row_sp.n_history_prompt = with_prompt ? n : 0; /* presence/frequency count the generated ids only */
     if (!gp->logprobs) row_sp.n_top = 0;
     int32_t seq = -1;
     st = runner_seq_new(r, &seq);

@@ -102,7 +102,9 @@ berth_status runner_decode(struct runner *r, int32_t seq, int32_t token, float *
 #define RUNNER_MAX_TOP_LOGPROBS 20
 
 /* A zero-initialised tail is "off": repetition_penalty 0 counts as 1. The penalties count the ids in history
- * (which ids that is — prompt and/or generated — is the caller's choice; the scheduler's is in scheduler.h). */
+ * (which ids that is — prompt and/or generated — is the caller's choice; the scheduler's is in scheduler.h); the
+ * first n_history_prompt of them are the prompt, which only the repetition penalty counts (vLLM / OpenAI: presence
+ * and frequency count generated tokens only; the sample op's history_output_start). */
 struct runner_sampling {
     float temperature; /* <= 0: greedy */
     int32_t top_k;     /* <= 0: off */
@@ -115,6 +117,7 @@ struct runner_sampling {
     const int32_t *history;      /* n_history ids the penalties count (borrowed for the call) */
     int32_t n_history;
     int32_t n_top;               /* top logprobs wanted, 0..RUNNER_MAX_TOP_LOGPROBS */
+    int32_t n_history_prompt;    /* 0..n_history: leading history ids that are prompt, not generated (0: none) */
 };
 
 /* Whether sp sets any penalty (repetition != 1 or 0, presence or frequency != 0): only then is its history read. */
@@ -186,8 +189,9 @@ struct runner_gen_params {
 /* Check the prompt, reuse its longest cached prefix (only when prompt_logits is NULL: those rows must be
  * computed), prefill the rest (all logits into prompt_logits [n x vocab] when non-NULL), then sample up to
  * max_new tokens, decoding each one but the last through the KV cache: n_tokens - 1 decode steps, no
- * re-prefill. Stops at an EOS id of the model unless ignore_eos. Penalties count the ids scheduler.h says
- * (prompt + generated with a repetition penalty, else generated only). Uses a fresh sequence and frees it. */
+ * re-prefill. Stops at an EOS id of the model unless ignore_eos. Penalties as vLLM applies them: repetition
+ * counts the prompt and the generated ids, presence and frequency the generated ids only (sampling.history and
+ * n_history_prompt are set here). Uses a fresh sequence and frees it. */
 berth_status runner_generate(struct runner *r, const int32_t *prompt, int32_t n, const struct runner_gen_params *gp,
                              float *prompt_logits, runner_token_fn cb, void *arg, struct runner_generation *out);
 

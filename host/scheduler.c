@@ -438,6 +438,7 @@ static struct runner_sampling row_sampling(const struct req *q)
     int with_prompt = sp.repetition_penalty != 0.0f && sp.repetition_penalty != 1.0f;
     sp.history = with_prompt ? q->toks : q->toks + q->n_prompt;
     sp.n_history = with_prompt ? q->n_toks : q->n_toks - q->n_prompt;
+    sp.n_history_prompt = with_prompt ? q->n_prompt : 0;
     return sp;
 }
 

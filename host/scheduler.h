@@ -26,12 +26,12 @@
  * backend sample call, counter = the position the token takes, so a seeded request gives the same tokens
  * whatever else shares its steps.
  *
- * Penalty history (which ids the backend's repetition/presence/frequency penalties count): with a repetition
- * penalty (!= 1) the prompt and the generated tokens, for all three penalties (HF's RepetitionPenaltyLogitsProcessor
- * counts every input id, prompt included; vLLM does the same for repetition); without one, the generated tokens
- * only (vLLM's presence/frequency penalties, OpenAI semantics). The sample op takes one history per row, so a
- * request setting both a repetition and a presence/frequency penalty has the latter count prompt ids too (vLLM
- * would not). After preemption "generated" still means the request's own output, never the recomputed prompt.
+ * Penalty history (which ids the backend's repetition/presence/frequency penalties count), as vLLM: the
+ * repetition penalty counts the prompt and the generated tokens (HF's RepetitionPenaltyLogitsProcessor counts every
+ * input id too), presence and frequency the generated tokens only (OpenAI semantics). With a repetition penalty
+ * the row's history is the prompt + the generated tokens, the prompt marked as such (n_history_prompt: the sample
+ * op's history_output_start); without one, the generated tokens only. After preemption "generated" still means the
+ * request's own output, never the recomputed prompt.
  *
  * Overlap (runner.h, [scheduler] overlap): a step's sample is launched, not waited for; the next sched_step then
  * launches the following decode step with each row's token fed on the device from that sample (when that is the

@@ -245,7 +245,7 @@ _Static_assert(offsetof(berth_log_softmax_topk_params, logits) == 8, "berth_log_
 _Static_assert(offsetof(berth_log_softmax_topk_params, row_bias) == 96, "berth_log_softmax_topk_params.row_bias moved");
 _Static_assert(offsetof(berth_log_softmax_topk_params, values) == 184, "berth_log_softmax_topk_params.values moved");
 _Static_assert(offsetof(berth_log_softmax_topk_params, indices) == 272, "berth_log_softmax_topk_params.indices moved");
-_Static_assert(sizeof(berth_sample_params) == 544, "berth_sample_params size changed");
+_Static_assert(sizeof(berth_sample_params) == 552, "berth_sample_params size changed");
 _Static_assert(offsetof(berth_sample_params, struct_size) == 0, "berth_sample_params.struct_size moved");
 _Static_assert(offsetof(berth_sample_params, n_rows) == 4, "berth_sample_params.n_rows moved");
 _Static_assert(offsetof(berth_sample_params, n_top) == 8, "berth_sample_params.n_top moved");
@@ -266,6 +266,7 @@ _Static_assert(offsetof(berth_sample_params, ids) == 192, "berth_sample_params.i
 _Static_assert(offsetof(berth_sample_params, logprob) == 280, "berth_sample_params.logprob moved");
 _Static_assert(offsetof(berth_sample_params, top_ids) == 368, "berth_sample_params.top_ids moved");
 _Static_assert(offsetof(berth_sample_params, top_logprobs) == 456, "berth_sample_params.top_logprobs moved");
+_Static_assert(offsetof(berth_sample_params, history_output_start) == 544, "berth_sample_params.history_output_start moved");
 _Static_assert(sizeof(berth_ops) == 136, "berth_ops size changed");
 _Static_assert(offsetof(berth_ops, struct_size) == 0, "berth_ops.struct_size moved");
 _Static_assert(offsetof(berth_ops, matmul) == 8, "berth_ops.matmul moved");

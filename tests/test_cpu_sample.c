@@ -205,8 +205,16 @@ static int32_t ref_sample(const float *logits, int64_t V, const struct row_param
 struct sample_run {
     struct tt logits, ids, lp, tids, tlp;
 };
+static void run_sample_out(struct sample_run *s, const struct row_params *rp, int32_t R, int32_t n_top,
+                           const int32_t *hist, const int32_t *hstart, const int32_t *out_start);
 static void run_sample(struct sample_run *s, const struct row_params *rp, int32_t R, int32_t n_top,
                        const int32_t *hist, const int32_t *hstart)
+{
+    run_sample_out(s, rp, R, n_top, hist, hstart, NULL);
+}
+/* The same with history_output_start (NULL: the whole history is output). */
+static void run_sample_out(struct sample_run *s, const struct row_params *rp, int32_t R, int32_t n_top,
+                           const int32_t *hist, const int32_t *hstart, const int32_t *out_start)
 {
     float temp[64], top_p[64], min_p[64], rep[64], pres[64], freq[64];
     int32_t top_k[64];
@@ -230,8 +238,8 @@ static void run_sample(struct sample_run *s, const struct row_params *rp, int32_
                              .presence_penalty = pres, .frequency_penalty = freq, .seed = seed, .counter = counter,
                              .history = hist, .history_start = hstart, .logits = s->logits.t, .ids = s->ids.t,
                              .logprob = s->lp.t, .top_ids = n_top ? s->tids.t : absent,
-                             .top_logprobs = n_top ? s->tlp.t : absent};
-    ck_assert_int_eq(vt->supports(be, BERTH_OP_SAMPLE, &p), BERTH_OK);
+                             .top_logprobs = n_top ? s->tlp.t : absent, .history_output_start = out_start};
+    ck_assert_msg(vt->supports(be, BERTH_OP_SAMPLE, &p) == BERTH_OK, "supports: %s", g_last_error);
     CHECK(ops->sample(be, st, &p) == BERTH_OK, "sample: %s", g_last_error);
 }
 static struct sample_run sample_run_new(int64_t V, int32_t R, int32_t n_top)
@@ -389,6 +397,149 @@ START_TEST(test_sample_refuses_unusable_rows)
 }
 END_TEST
 
+/* vLLM's rule (history_output_start): repetition counts the prompt and the output, presence and frequency the
+ * output only. Logits and penalties are exact binary fractions, so every penalised logit below is exact and was
+ * worked out by hand from berth/backend.h's step 1; the test checks the greedy token and the whole ranked list
+ * (n_top = V) with its log-softmax. Logits of every row: */
+static const float pen_logits[8] = {1.0f, 2.0f, 4.0f, -2.0f, 3.0f, 3.5f, 1.5f, 2.5f};
+/* Every row's history: prompt 2 3 2 4 (id 2 twice), then output 4 7 7 (id 4 once more, id 7 twice). */
+static const int32_t pen_hist_row[7] = {2, 3, 2, 4, 4, 7, 7};
+
+/* Check row r of s: greedy token `id`, and the ranked list / logprobs of the penalised logits z. */
+static void check_penalised_row(const struct sample_run *s, int32_t r, const float z[8], int32_t id, const char *what)
+{
+    struct scored o[8];
+    double mx = -INFINITY, sum = 0.0;
+    for (int32_t i = 0; i < 8; i++) {
+        o[i] = (struct scored){z[i], i};
+        mx = fmax(mx, z[i]);
+    }
+    for (int32_t i = 0; i < 8; i++)
+        sum += exp(z[i] - mx);
+    const double lse = mx + log(sum);
+    qsort(o, 8, sizeof o[0], by_score_desc);
+    CHECK((int32_t)tget(&s->ids.t, r, 0, 0, 0) == id, "%s row %d: id %d, expected %d", what, r,
+          (int)tget(&s->ids.t, r, 0, 0, 0), id);
+    check_close(tget(&s->lp.t, r, 0, 0, 0), z[id] - lse, 1.0, 1e-6, what, r, 0, 0, 0);
+    for (int32_t j = 0; j < 8; j++) {
+        CHECK((int32_t)tget(&s->tids.t, j, r, 0, 0) == o[j].id, "%s row %d rank %d: id %d, expected %d", what, r, j,
+              (int)tget(&s->tids.t, j, r, 0, 0), o[j].id);
+        check_close(tget(&s->tlp.t, j, r, 0, 0), o[j].v - lse, 1.0, 1e-6, what, j, r, 0, 0);
+    }
+}
+
+START_TEST(test_sample_penalties_output_only)
+{
+    enum { R = 6, V = 8, H = 7 };
+    struct sample_run s = sample_run_new(V, R, V);
+    int32_t hist[R * H], hstart[R + 1], out_start[R];
+    for (int32_t r = 0; r < R; r++) {
+        for (int32_t i = 0; i < V; i++)
+            tset(&s.logits.t, i, r, 0, 0, pen_logits[i]);
+        memcpy(hist + r * H, pen_hist_row, sizeof pen_hist_row);
+        hstart[r] = r * H;
+        out_start[r] = r * H + 4; /* the output is 4 7 7 */
+    }
+    hstart[R] = R * H;
+    out_start[4] = 5 * H; /* row 4: nothing generated yet (the output start is the row's end) */
+    out_start[5] = 5 * H; /* row 5: the whole history is output (its start) */
+    struct row_params rp[R];
+    for (int32_t r = 0; r < R; r++)
+        rp[r] = (struct row_params){.temperature = 0, .top_p = 1, .rep = 1, .seed = rng_next(), .counter = 0};
+    rp[0].pres = 1.0f;
+    rp[1].freq = 0.75f;
+    rp[2].rep = 2.0f;
+    rp[3].rep = 2.0f, rp[3].pres = 0.5f, rp[3].freq = 0.25f;
+    rp[4].pres = 1.0f, rp[4].freq = 0.75f;
+    rp[5].pres = 1.0f;
+    /* Penalised logits by hand (ids 0 1 5 6 are never in the history and keep their logits). */
+    static const float want[R][V] = {
+        /* presence 1: the prompt-only ids 2 and 3 keep theirs; 4 and 7 (in the output) lose 1 */
+        {1.0f, 2.0f, 4.0f, -2.0f, 2.0f, 3.5f, 1.5f, 1.5f},
+        /* frequency 0.75 x output count: id 4 once (3 - 0.75), id 7 twice (2.5 - 1.5); 2 and 3 untouched */
+        {1.0f, 2.0f, 4.0f, -2.0f, 2.25f, 3.5f, 1.5f, 1.0f},
+        /* repetition 2 counts the prompt too: 4/2, -2*2, 3/2, 2.5/2 */
+        {1.0f, 2.0f, 2.0f, -4.0f, 1.5f, 3.5f, 1.5f, 1.25f},
+        /* all three: repetition on 2 3 4 7, then 4: 1.5 - 0.5 - 0.25, 7: 1.25 - 0.5 - 0.5 */
+        {1.0f, 2.0f, 2.0f, -4.0f, 0.75f, 3.5f, 1.5f, 0.25f},
+        /* no output yet: presence and frequency change nothing */
+        {1.0f, 2.0f, 4.0f, -2.0f, 3.0f, 3.5f, 1.5f, 2.5f},
+        /* the whole history as output: presence 1 on 2 3 4 7 */
+        {1.0f, 2.0f, 3.0f, -3.0f, 2.0f, 3.5f, 1.5f, 1.5f}};
+    static const int32_t want_id[R] = {2, 2, 5, 5, 2, 5};
+    run_sample_out(&s, rp, R, V, hist, hstart, out_start);
+    for (int32_t r = 0; r < R; r++)
+        check_penalised_row(&s, r, want[r], want_id[r], "output-only penalties");
+
+    /* history_output_start NULL: the whole history is output for all three penalties (the rule before ABI 0.3),
+     * so presence/frequency now hit the prompt ids 2 and 3 and the greedy token moves to 5. */
+    static const float old[R][V] = {
+        {1.0f, 2.0f, 3.0f, -3.0f, 2.0f, 3.5f, 1.5f, 1.5f},    /* presence 1 on 2 3 4 7 */
+        {1.0f, 2.0f, 2.5f, -2.75f, 1.5f, 3.5f, 1.5f, 1.0f},   /* frequency 0.75 x counts 2 1 2 2 */
+        {1.0f, 2.0f, 2.0f, -4.0f, 1.5f, 3.5f, 1.5f, 1.25f},   /* repetition: as above */
+        {1.0f, 2.0f, 1.0f, -4.75f, 0.5f, 3.5f, 1.5f, 0.25f},  /* 2: 2-.5-.5, 3: -4-.5-.25, 4: 1.5-.5-.5 */
+        {1.0f, 2.0f, 1.5f, -3.75f, 0.5f, 3.5f, 1.5f, 0.0f},   /* 2: 4-1-1.5, 3: -2-1-.75, 4: 3-1-1.5, 7: 2.5-1-1.5 */
+        {1.0f, 2.0f, 3.0f, -3.0f, 2.0f, 3.5f, 1.5f, 1.5f}};   /* as with its output start at the row's start */
+    run_sample_out(&s, rp, R, V, hist, hstart, NULL);
+    for (int32_t r = 0; r < R; r++)
+        check_penalised_row(&s, r, old[r], 5, "whole-history penalties");
+
+    /* A caller built before the field (struct_size stops short of it) gets the old rule: the pointer is not read,
+     * even when it points at values the check would refuse. */
+    const int32_t bad_start[R] = {-1, -1, -1, -1, -1, -1};
+    float temp[R] = {0}, top_p[R] = {1, 1, 1, 1, 1, 1}, pres[R] = {1, 1, 1, 1, 1, 1};
+    berth_sample_params p = {.struct_size = (uint32_t)BERTH_SIZE_TO(berth_sample_params, top_logprobs), .n_rows = 1,
+                             .n_top = V, .temperature = temp, .top_p = top_p, .presence_penalty = pres,
+                             .history = hist, .history_start = hstart, .logits = s.logits.t, .ids = s.ids.t,
+                             .logprob = s.lp.t, .top_ids = s.tids.t, .top_logprobs = s.tlp.t,
+                             .history_output_start = bad_start};
+    p.logits.ne[1] = 1, p.ids.ne[0] = 1, p.logprob.ne[0] = 1, p.top_ids.ne[1] = 1, p.top_logprobs.ne[1] = 1;
+    CHECK(ops->sample(be, st, &p) == BERTH_OK, "sample (short struct): %s", g_last_error);
+    check_penalised_row(&s, 0, old[0], 5, "short struct");
+    sample_run_free(&s);
+}
+END_TEST
+
+/* history_output_start outside its row's [history_start[r], history_start[r+1]] (or without history_start) is
+ * refused before any work, naming the row and the value (the shared check: the CUDA backend says the same). */
+START_TEST(test_sample_refuses_bad_output_start)
+{
+    const int64_t V = 20;
+    struct sample_run s = sample_run_new(V, 2, 0);
+    trand(&s.logits.t, -3, 3);
+    const int32_t hist[10] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, hstart[3] = {0, 4, 10};
+    float pres[2] = {1, 1};
+    static const struct {
+        int32_t start0, start1;
+        int null_hstart;
+        const char *msg;
+    } bad[] = {{4, 11, 0, "sample: row 1 history_output_start 11 is outside its history [4, 10]"},
+               {4, 3, 0, "sample: row 1 history_output_start 3 is outside its history [4, 10]"},
+               {-1, 4, 0, "sample: row 0 history_output_start -1 is outside its history [0, 4]"},
+               {5, 10, 0, "sample: row 0 history_output_start 5 is outside its history [0, 4]"},
+               {0, 4, 1, "sample: history_output_start is given without history_start"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        const int32_t out_start[2] = {bad[i].start0, bad[i].start1};
+        berth_sample_params p = {.struct_size = sizeof p, .n_rows = 2, .presence_penalty = pres, .history = hist,
+                                 .history_start = bad[i].null_hstart ? NULL : hstart, .logits = s.logits.t,
+                                 .ids = s.ids.t, .logprob = absent, .top_ids = absent, .top_logprobs = absent,
+                                 .history_output_start = out_start};
+        g_last_error[0] = '\0';
+        ck_assert_int_eq(ops->sample(be, st, &p), BERTH_E_INVALID);
+        ck_assert_str_eq(g_last_error, bad[i].msg);
+    }
+    /* the range ends are valid: 0 and 4 (row 0 all output / none), 4 and 10 (row 1 all output / none) */
+    const int32_t ends[2][2] = {{0, 10}, {4, 4}};
+    for (int i = 0; i < 2; i++) {
+        berth_sample_params p = {.struct_size = sizeof p, .n_rows = 2, .presence_penalty = pres, .history = hist,
+                                 .history_start = hstart, .logits = s.logits.t, .ids = s.ids.t, .logprob = absent,
+                                 .top_ids = absent, .top_logprobs = absent, .history_output_start = ends[i]};
+        CHECK(ops->sample(be, st, &p) == BERTH_OK, "ends %d: %s", i, g_last_error);
+    }
+    sample_run_free(&s);
+}
+END_TEST
+
 /* A row's token depends only on its logits, parameters, seed and counter: not on the rows around it. */
 START_TEST(test_sample_batch_independent)
 {
@@ -468,6 +619,8 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_sample_reference);
     tcase_add_test(tc, test_sample_greedy_and_top1);
     tcase_add_test(tc, test_sample_refuses_unusable_rows);
+    tcase_add_test(tc, test_sample_penalties_output_only);
+    tcase_add_test(tc, test_sample_refuses_bad_output_start);
     tcase_add_test(tc, test_sample_batch_independent);
     tcase_add_test(tc, test_sample_distribution);
 }

@@ -373,6 +373,101 @@ START_TEST(test_history_rule)
 }
 END_TEST
 
+/* backend.h step 1 with history_output_start: hist[0..n_prompt) is prompt (repetition only), the rest output. */
+static void penalise_split(float *z, const int32_t *hist, int32_t n, int32_t n_prompt, float rep, float pres,
+                           float freq, int32_t V)
+{
+    int32_t *cnt = calloc((size_t)V, sizeof *cnt), *out = calloc((size_t)V, sizeof *out);
+    for (int32_t i = 0; i < n; i++) cnt[hist[i]]++, out[hist[i]] += i >= n_prompt;
+    for (int32_t v = 0; v < V; v++) {
+        if (!cnt[v]) continue;
+        if (rep != 1.0f) z[v] = z[v] > 0 ? z[v] / rep : z[v] * rep;
+        if (out[v]) {
+            z[v] -= pres;
+            z[v] -= freq * (float)out[v];
+        }
+    }
+    free(cnt), free(out);
+}
+
+/* vLLM's rule through the runner: n_history_prompt leading history ids count for the repetition penalty only
+ * (runner_sampling -> the sample op's history_output_start); runner_generate marks the prompt so. */
+START_TEST(test_prompt_history_repetition_only)
+{
+    struct tprompts f;
+    load_prompts(&f);
+    struct g4_session s;
+    open_tiny(&s);
+    const struct g4_prompt *p = &f.prompts[0];
+    const int32_t V = runner_info(s.r)->vocab_size;
+    float *z = malloc((size_t)V * sizeof *z), *pz = malloc((size_t)V * sizeof *pz);
+    prefill_last(&s, p, z);
+    const int32_t row = runner_n_logits(s.r) - 1;
+    int32_t best = 0;
+    for (int32_t v = 1; v < V; v++)
+        if (z[v] > z[best]) best = v;
+    /* history: the prompt, then "generated" best, p->ids[0], p->ids[0] (a prompt id generated again) */
+    const int32_t n = p->n + 3;
+    int32_t *hist = malloc((size_t)n * sizeof *hist);
+    memcpy(hist, p->ids, (size_t)p->n * sizeof *hist);
+    hist[p->n] = best, hist[p->n + 1] = hist[p->n + 2] = p->ids[0];
+    const float cases[3][3] = {{1.0f, 5.0f, 0.0f}, {1.0f, 0.0f, 2.0f}, {1.5f, 0.5f, 0.25f}};
+    for (int c = 0; c < 3; c++) {
+        struct runner_sampling sp;
+        memset(&sp, 0, sizeof sp);
+        sp.top_p = 1.0f;
+        sp.repetition_penalty = cases[c][0];
+        sp.presence_penalty = cases[c][1];
+        sp.frequency_penalty = cases[c][2];
+        sp.history = hist;
+        sp.n_history = n;
+        sp.n_history_prompt = p->n;
+        sp.n_top = 4;
+        memcpy(pz, z, (size_t)V * sizeof *pz);
+        penalise_split(pz, hist, n, p->n, cases[c][0], cases[c][1], cases[c][2], V);
+        int32_t want = 0;
+        for (int32_t v = 1; v < V; v++)
+            if (pz[v] > pz[want]) want = v;
+        struct runner_sample_out o;
+        int32_t tok;
+        uint64_t ctr = 0;
+        ck_assert_msg(runner_sample_rows_lp(s.r, row, 1, &sp, &ctr, &tok, &o) == BERTH_OK, "%s", berth_last_error());
+        ck_assert_int_eq(tok, want);
+        check_lp(pz, V, tok, &o, 4);
+    }
+    struct runner_sampling bad;
+    memset(&bad, 0, sizeof bad);
+    bad.top_p = 1.0f, bad.presence_penalty = 1.0f, bad.history = hist, bad.n_history = 3, bad.n_history_prompt = 4;
+    int32_t tok;
+    uint64_t ctr = 0;
+    ck_assert_int_eq(runner_sample_rows_lp(s.r, row, 1, &bad, &ctr, &tok, NULL), BERTH_E_INVALID);
+    ck_assert_str_eq(berth_last_error(), "row 0: penalty history prompt length 4 must be in 0..3");
+
+    /* runner_generate: the first token's history is the prompt alone, so a presence penalty of 5 changes nothing
+     * and only the repetition penalty moves the logits */
+    struct runner_gen_params gp;
+    memset(&gp, 0, sizeof gp);
+    gp.max_new = 1;
+    gp.ignore_eos = 1;
+    gp.logprobs = 1;
+    gp.sampling.top_p = 1.0f;
+    gp.sampling.repetition_penalty = 3.0f;
+    gp.sampling.presence_penalty = 5.0f;
+    gp.sampling.n_top = 4;
+    struct runner_generation g;
+    ck_assert_msg(runner_generate(s.r, p->ids, p->n, &gp, NULL, NULL, NULL, &g) == BERTH_OK, "%s",
+                  berth_last_error());
+    ck_assert_int_eq(g.n_tokens, 1);
+    memcpy(pz, z, (size_t)V * sizeof *pz);
+    penalise_split(pz, p->ids, p->n, p->n, 3.0f, 5.0f, 0.0f, V);
+    check_lp(pz, V, g.tokens[0], &g.logprobs[0], 4);
+    free(g.tokens), free(g.logprobs);
+    free(hist), free(z), free(pz);
+    g4_close(&s);
+    free_prompts(&f);
+}
+END_TEST
+
 /* ---- engine: stop strings ---- */
 
 struct text_sink {
@@ -522,6 +617,7 @@ int main(void)
     tcase_add_test(tc, test_logprobs_match_host);
     tcase_add_test(tc, test_penalties_as_specified);
     tcase_add_test(tc, test_history_rule);
+    tcase_add_test(tc, test_prompt_history_repetition_only);
     tcase_add_test(tc, test_seeded_alone_equals_batched);
     tcase_add_test(tc, test_stop_strings);
     suite_add_tcase(su, tc);

@@ -408,11 +408,18 @@ typedef struct berth_log_softmax_topk_params {
  *  min_p (<= 0: off), repetition/presence/frequency penalties (1/0/0: off) applied over the row's history ids
  *  (history ne {n_hist} i32 and history_start ne {R+1} i32 on the host), seed and counter for a
  *  counter-based generator: the uniform draw of a row depends only on (seed, counter).
+ * history_output_start (ABI 0.3, appended; read only when struct_size covers it): R host entries, per row the
+ *  index into history (absolute, within [history_start[r], history_start[r+1]]) where the row's generated tokens
+ *  begin. Repetition counts every history id of the row (prompt + output); presence and frequency count only the
+ *  ids at or after history_output_start[r] (vLLM / OpenAI semantics). A value outside the row's range, or the
+ *  array without history_start, is BERTH_E_INVALID. NULL (or an older caller): the whole history is output, so
+ *  all three penalties count every id (the behaviour before 0.3).
  * A NULL per-row array means "off" for every row: temperature NULL = greedy, top_k/top_p/min_p NULL = no
  * filter, penalty arrays NULL = no penalty, seed/counter NULL = 0.
  * Per row, exactly (so every backend draws the same token up to rounding of the probabilities):
- *  1. z = logits; for each distinct history id with count c: repetition r divides a positive z by r and
- *     multiplies a negative one by r; then z -= presence (c > 0), z -= frequency * c.
+ *  1. z = logits; for each distinct history id, with c its count over the row's whole history and o its count
+ *     over the output part (o = c without history_output_start): repetition r divides a positive z by r and
+ *     multiplies a negative one by r (c > 0); then, only when o > 0, z -= presence, then z -= frequency * o.
  *  2. temperature <= 0: the id of the largest z (ties: lower id); skip to the outputs. Else w = z / temperature.
  *  3. top-k (0 < k < V): keep the k largest w (ties: lower id).
  *  4. softmax over the kept ids (fp32 exponentials of w - max, the sum accumulated in double).
@@ -444,6 +451,9 @@ typedef struct berth_sample_params {
     const int32_t *history;       /* may be NULL when no penalties are used */
     const int32_t *history_start; /* R+1 offsets into history */
     berth_tensor logits, ids, logprob, top_ids, top_logprobs;
+    /* ABI 0.2: fields above. Appended in ABI 0.3 (see above; an older caller's struct stops short of it): */
+    const int32_t *history_output_start; /* R absolute indices into history: where each row's output begins */
+    /* ABI 0.3: fields above. Append below only. */
 } berth_sample_params;
 
 /* ---------------------------------------------------------------------------------------------------------------

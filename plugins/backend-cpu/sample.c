@@ -2,8 +2,9 @@
  * sample.c — token selection over the vocabulary: log_softmax_topk (beam search) and sample.
  *
  * Sampling, per row, exactly (so another backend can match it):
- *   z = logits with penalties over the row's history (each distinct id with count c: repetition r divides a
- *       positive logit by r and multiplies a negative one by r; then z -= presence if c > 0; z -= frequency*c);
+ *   z = logits with penalties over the row's history (each distinct id: repetition r divides a positive logit
+ *       by r and multiplies a negative one by r; then, with o the id's count in the row's output — the history
+ *       from history_output_start on, all of it without one —, z -= presence if o > 0; z -= frequency*o);
  *   logprob / top logprobs = z - logsumexp(z) (temperature-free), top ids ordered by z descending, ties to the
  *       lower id;
  *   temperature <= 0: the id of max z (ties: lower id). Otherwise w = z / temperature;
@@ -189,7 +190,9 @@ struct sample_ctx {
     int64_t V;
 };
 
-/* Apply the history penalties of row r to z (hist: scratch for a sorted copy of the history). */
+/* Apply the history penalties of row r to z (hist: scratch for a sorted copy of the history). Repetition counts
+ * every id of the row's history, presence and frequency only those from its output start on (all of them when the
+ * caller gives no history_output_start). */
 static void apply_penalties(const berth_sample_params *p, int64_t r, float *z, int32_t *hist)
 {
     const float rep = p->repetition_penalty ? p->repetition_penalty[r] : 1.0f;
@@ -197,23 +200,32 @@ static void apply_penalties(const berth_sample_params *p, int64_t r, float *z, i
     const float freq = p->frequency_penalty ? p->frequency_penalty[r] : 0.0f;
     if (!p->history_start || (rep == 1.0f && pres == 0.0f && freq == 0.0f))
         return;
-    const int32_t h0 = p->history_start[r], n = p->history_start[r + 1] - h0;
+    const int32_t out = opck_sample_row_output_start(p, (int32_t)r);
+    /* without a repetition penalty the ids before the output change nothing: read only the output */
+    const int32_t lo = rep != 1.0f ? p->history_start[r] : out;
+    const int32_t n = p->history_start[r + 1] - lo, n_in = out - lo; /* hist[0..n_in): before the output */
     if (n <= 0)
         return;
-    memcpy(hist, p->history + h0, (size_t)n * sizeof *hist);
-    qsort(hist, (size_t)n, sizeof *hist, cmp_i32);
-    for (int32_t i = 0; i < n;) {
-        const int32_t id = hist[i];
+    memcpy(hist, p->history + lo, (size_t)n * sizeof *hist);
+    qsort(hist, (size_t)n_in, sizeof *hist, cmp_i32);
+    qsort(hist + n_in, (size_t)(n - n_in), sizeof *hist, cmp_i32);
+    /* walk the two sorted runs together: each distinct id once, with its count in the output */
+    for (int32_t i = 0, j = n_in; i < n_in || j < n;) {
+        const int32_t id = i < n_in && (j >= n || hist[i] <= hist[j]) ? hist[i] : hist[j];
         int32_t cnt = 0;
-        while (i < n && hist[i] == id) {
+        while (i < n_in && hist[i] == id)
             i++;
+        while (j < n && hist[j] == id) {
+            j++;
             cnt++;
         }
         float v = z[id];
         if (rep != 1.0f)
             v = v > 0.0f ? v / rep : v * rep;
-        v -= pres;
-        v -= freq * (float)cnt;
+        if (cnt > 0) {
+            v -= pres;
+            v -= freq * (float)cnt;
+        }
         z[id] = v;
     }
 }

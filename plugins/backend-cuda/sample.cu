@@ -7,8 +7,9 @@
  * One block of SMP_THREADS threads per row. The row is read from global memory in passes (a 262144-entry row does
  * not fit in shared memory); nothing is sorted over the whole vocabulary. Per row of sample:
  *   penalties  rows with penalties get a scratch copy z of their logits; history ids are counted with atomics in a
- *              scratch count row, and atomicExch hands each distinct id's count to exactly one thread, which
- *              applies the penalty to z[id];
+ *              scratch count row (the output ids' count in the low 31 bits, bit 31 marking "in the history", so an
+ *              id seen only before history_output_start is still handed out), and atomicExch hands each distinct
+ *              id's word to exactly one thread, which applies the penalties to z[id];
  *   greedy     argmax of z over (value, id) pairs, ties to the lower id;
  *   top-k      radix select (11/11/10-bit digits, shared-memory histograms) of the k-th largest w's key, then the
  *              id cut among the ids tied at that key (block scan over id-contiguous chunks);
@@ -53,6 +54,7 @@ struct smp_row {
     int32_t top_k;
     int32_t hist_off; /* the row's ids in the packed history */
     int32_t hist_len; /* 0: no penalties for this row */
+    int32_t hist_out; /* the row's staged ids from this one on are output (presence/frequency count them) */
     int32_t zslot;    /* scratch slot of the penalised logits; -1 when hist_len is 0 */
     uint64_t seed, counter;
 };
@@ -463,18 +465,25 @@ __device__ const float *smp_penalise(const smp_args &a, const smp_row &P, const 
     }
     __syncthreads();
     const int32_t *h = a.hist + P.hist_off;
-    for (int j = threadIdx.x; j < P.hist_len; j += SMP_THREADS)
-        atomicAdd(&cnt[h[j]], 1);
+    unsigned *word = (unsigned *)cnt;
+    for (int j = threadIdx.x; j < P.hist_len; j += SMP_THREADS) {
+        if (j >= P.hist_out)
+            atomicAdd(&word[h[j]], 1u); /* < 2^31 ids per call: the count never reaches the mark */
+        atomicOr(&word[h[j]], 0x80000000u);
+    }
     __syncthreads();
     for (int j = threadIdx.x; j < P.hist_len; j += SMP_THREADS) {
         const int id = h[j];
-        const int c = atomicExch(&cnt[id], 0); /* exactly one entry of each distinct id sees its count */
-        if (c > 0) {
+        const unsigned w = atomicExch(&word[id], 0u); /* exactly one entry of each distinct id sees its word */
+        if (w != 0u) {
+            const int c = (int)(w & 0x7fffffffu); /* its count in the output */
             float v = z[id];
             if (P.rep != 1.0f)
                 v = v > 0.0f ? __fdiv_rn(v, P.rep) : __fmul_rn(v, P.rep);
-            v = __fsub_rn(v, P.pres);
-            v = __fsub_rn(v, __fmul_rn(P.freq, (float)c));
+            if (c > 0) {
+                v = __fsub_rn(v, P.pres);
+                v = __fsub_rn(v, __fmul_rn(P.freq, (float)c));
+            }
             z[id] = v;
         }
     }
@@ -777,9 +786,13 @@ static uint32_t smp_pow2(uint32_t n)
     return p;
 }
 
-/* History length the penalties of row r use (0: none apply), as the CPU decides it. */
-static int32_t smp_penalty_len(const berth_sample_params *p, int32_t r)
+/* The part of row r's history its penalties read, as the CPU decides it: history[*lo .. *lo + length), the
+ * output from *lo + *n_in on; returns the length (0: no penalty applies). Without a repetition penalty the ids
+ * before the output change nothing, so only the output is staged. */
+static int32_t smp_penalty_span(const berth_sample_params *p, int32_t r, int32_t *lo, int32_t *n_in)
 {
+    *lo = 0;
+    *n_in = 0;
     if (!p->history_start)
         return 0;
     const float rep = p->repetition_penalty ? p->repetition_penalty[r] : 1.0f;
@@ -787,7 +800,10 @@ static int32_t smp_penalty_len(const berth_sample_params *p, int32_t r)
     const float freq = p->frequency_penalty ? p->frequency_penalty[r] : 0.0f;
     if (rep == 1.0f && pres == 0.0f && freq == 0.0f)
         return 0;
-    const int32_t n = p->history_start[r + 1] - p->history_start[r];
+    const int32_t out = opck_sample_row_output_start(p, r);
+    *lo = rep != 1.0f ? p->history_start[r] : out;
+    *n_in = out - *lo;
+    const int32_t n = p->history_start[r + 1] - *lo;
     return n > 0 ? n : 0;
 }
 
@@ -827,7 +843,8 @@ berth_status cu_op_sample(berth_backend *be, berth_stream *s, const berth_sample
     for (int32_t r = 0; r < R; r++) {
         if (p->temperature && p->temperature[r] > 0.0f)
             any_drawn = 1;
-        const int32_t len = smp_penalty_len(p, r);
+        int32_t lo, n_in;
+        const int32_t len = smp_penalty_span(p, r, &lo, &n_in);
         if (len > 0) {
             n_pen++;
             n_hist += len;
@@ -877,12 +894,14 @@ berth_status cu_op_sample(berth_backend *be, berth_stream *s, const berth_sample
         w->top_k = p->top_k ? p->top_k[r] : 0;
         w->seed = p->seed ? p->seed[r] : 0;
         w->counter = p->counter ? p->counter[r] : 0;
-        const int32_t len = smp_penalty_len(p, r);
+        int32_t lo, n_in;
+        const int32_t len = smp_penalty_span(p, r, &lo, &n_in);
         w->hist_off = off;
         w->hist_len = len;
+        w->hist_out = n_in;
         w->zslot = len > 0 ? slot++ : -1;
         if (len > 0) {
-            memcpy(hist + off, p->history + p->history_start[r], (size_t)len * sizeof(int32_t));
+            memcpy(hist + off, p->history + lo, (size_t)len * sizeof(int32_t));
             off += len;
         }
     }

@@ -136,10 +136,22 @@ bool opck_gated_rms_norm(struct opck *c, const berth_gated_rms_norm_params *p);
 bool opck_log_softmax_topk(struct opck *c, const berth_log_softmax_topk_params *p);
 bool opck_sample(struct opck *c, const berth_sample_params *p);
 /* sample's per-row HOST arrays (they are host-visible on every backend, so both check them the same way before
- * any work): repetition penalties > 0, history ranges and ids in [0, V), and values no backend can sample with
- * (NaN temperature / top_p / penalties, min_p NaN or > 1: nothing would survive to be drawn). *max_hist = the
- * longest row history. Execution only. */
+ * any work): repetition penalties > 0, history ranges and ids in [0, V), output starts inside their row's range,
+ * and values no backend can sample with (NaN temperature / top_p / penalties, min_p NaN or > 1: nothing would
+ * survive to be drawn). *max_hist = the longest row history. Execution only. */
 bool opck_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist);
+/* sample's history_output_start (ABI 0.3, appended), NULL when the caller's struct predates it. */
+static inline const int32_t *opck_sample_output_start(const berth_sample_params *p)
+{
+    return BERTH_HAS(p, berth_sample_params, history_output_start) ? p->history_output_start : NULL;
+}
+/* Where row r's output (what presence/frequency count) begins in history: history_start[r] without
+ * history_output_start (the whole history is output). history_start must be non-NULL. */
+static inline int32_t opck_sample_row_output_start(const berth_sample_params *p, int32_t r)
+{
+    const int32_t *os = opck_sample_output_start(p);
+    return os ? os[r] : p->history_start[r];
+}
 
 #ifdef __cplusplus
 }

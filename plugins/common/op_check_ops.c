@@ -589,6 +589,9 @@ bool opck_sample(struct opck *c, const berth_sample_params *p)
 bool opck_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, int64_t *max_hist)
 {
     *max_hist = 0;
+    const int32_t *out_start = opck_sample_output_start(p);
+    if (out_start && !p->history_start)
+        return opck_fail(c, BERTH_E_INVALID, "sample: history_output_start is given without history_start");
     for (int32_t r = 0; r < p->n_rows; r++) {
         if (p->repetition_penalty && !(p->repetition_penalty[r] > 0.0f))
             return opck_fail(c, BERTH_E_INVALID, "sample: row %d repetition_penalty %g must be > 0", r,
@@ -601,6 +604,10 @@ bool opck_sample_rows(struct opck *c, const berth_sample_params *p, int64_t V, i
                              r + 1, h0, h1);
         if (h1 > h0 && !p->history)
             return opck_fail(c, BERTH_E_INVALID, "sample: row %d has history but history is NULL", r);
+        if (out_start && (out_start[r] < h0 || out_start[r] > h1))
+            return opck_fail(c, BERTH_E_INVALID,
+                             "sample: row %d history_output_start %d is outside its history [%d, %d]", r, out_start[r],
+                             h0, h1);
         for (int32_t i = h0; i < h1; i++)
             if (p->history[i] < 0 || p->history[i] >= V)
                 return opck_fail(c, BERTH_E_INVALID, "sample: history[%d] = %d is not a token id (V = %" PRId64 ")", i,

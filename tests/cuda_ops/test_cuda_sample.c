@@ -116,27 +116,34 @@ static double ref_uniform(uint64_t seed, uint64_t counter)
 #define AMB_MIN_P 5e-7
 #define AMB_DRAW 5e-7
 
-/* Penalised logits of one row into z (fp32, the specified order of operations). */
-static void ref_penalise(const float *x, int64_t V, const struct rowp *rp, const int32_t *hist, int32_t nh, float *z)
+/* Penalised logits of one row into z (fp32, the specified order of operations). hist[n_in..nh) is the row's
+ * output (history_output_start; n_in 0 without it): repetition counts all nh ids, presence/frequency the output. */
+static void ref_penalise(const float *x, int64_t V, const struct rowp *rp, const int32_t *hist, int32_t nh,
+                         int32_t n_in, float *z)
 {
     memcpy(z, x, sizeof *z * (size_t)V);
     if (nh <= 0 || (rp->rep == 1.0f && rp->pres == 0.0f && rp->freq == 0.0f))
         return;
-    int32_t *cnt = calloc((size_t)V, sizeof *cnt);
-    ck_assert_ptr_nonnull(cnt);
-    for (int32_t i = 0; i < nh; i++)
+    int32_t *cnt = calloc((size_t)V, sizeof *cnt), *out = calloc((size_t)V, sizeof *out);
+    ck_assert(cnt && out);
+    for (int32_t i = 0; i < nh; i++) {
         cnt[hist[i]]++;
+        out[hist[i]] += i >= n_in;
+    }
     for (int64_t i = 0; i < V; i++) {
         if (!cnt[i])
             continue;
         float v = z[i];
         if (rp->rep != 1.0f)
             v = v > 0.0f ? v / rp->rep : v * rp->rep;
-        v -= rp->pres;
-        v -= rp->freq * (float)cnt[i];
+        if (out[i] > 0) {
+            v -= rp->pres;
+            v -= rp->freq * (float)out[i];
+        }
         z[i] = v;
     }
     free(cnt);
+    free(out);
 }
 
 /* The token of one row; *amb set when a probability decision is too close to call. z: penalised logits. */
@@ -221,6 +228,7 @@ struct scase {
     struct rowp *rp;      /* R rows */
     int32_t *hist;        /* NULL: no history arrays */
     int32_t *hstart;      /* R + 1 */
+    int32_t *out_start;   /* R absolute output starts (history_output_start); NULL: not given */
     int null_arrays;      /* pass NULL for every per-row array (all greedy, no filters) */
 };
 
@@ -250,6 +258,7 @@ static void scase_free(struct scase *c)
     free(c->rp);
     free(c->hist);
     free(c->hstart);
+    free(c->out_start);
 }
 
 static void sout_free(struct sout *o)
@@ -320,6 +329,7 @@ static void run_sample(const struct scase *c, struct sout *o, berth_status st[2]
             p.counter = counter;
             p.history = c->hist;
             p.history_start = c->hstart;
+            p.history_output_start = c->out_start;
         }
         p.logits = L.t[side];
         p.logits.ne[0] = V;
@@ -390,7 +400,8 @@ static int32_t check_sample(const struct scase *c, int32_t **ids_out)
     for (int32_t r = 0; r < c->R; r++) {
         const struct rowp *rp = &c->rp[r];
         const int32_t nh = c->hstart ? c->hstart[r + 1] - c->hstart[r] : 0;
-        ref_penalise(c->x + (int64_t)r * V, V, rp, c->hist ? c->hist + c->hstart[r] : NULL, nh, z);
+        const int32_t n_in = c->out_start ? c->out_start[r] - c->hstart[r] : 0;
+        ref_penalise(c->x + (int64_t)r * V, V, rp, c->hist ? c->hist + c->hstart[r] : NULL, nh, n_in, z);
         int amb;
         const int32_t ref = ref_pick(z, V, rp, &amb);
         const int32_t cpu = o.ids[HX_CPU][r], gpu = o.ids[HX_GPU][r];
@@ -696,6 +707,77 @@ START_TEST(test_penalties)
 }
 END_TEST
 
+/* history_output_start (vLLM's rule): repetition counts the prompt and the output, presence and frequency the
+ * output only. First the hand-made rows of the CPU backend's test (test_cpu_sample.c,
+ * test_sample_penalties_output_only: exact penalised logits, checked there by hand) — both backends must give the
+ * same tokens, ranked lists and logprobs, and the hand-computed greedy tokens; then random histories whose prompt
+ * and output share ids, every penalty mix, greedy and sampled rows, output starts at the row's start, end and
+ * inside, against the reference. */
+START_TEST(test_penalties_output_start)
+{
+    enum { R = 6, V = 8, H = 7 };
+    static const float logits[V] = {1.0f, 2.0f, 4.0f, -2.0f, 3.0f, 3.5f, 1.5f, 2.5f};
+    static const int32_t row_hist[H] = {2, 3, 2, 4, 4, 7, 7}; /* prompt 2 3 2 4, output 4 7 7 */
+    static const int32_t want_id[R] = {2, 2, 5, 5, 2, 5};
+    struct scase c = scase_new("output start (by hand)", V, R, V, 1, 1.0);
+    c.hist = malloc(sizeof *c.hist * R * H);
+    c.hstart = malloc(sizeof *c.hstart * (R + 1));
+    c.out_start = malloc(sizeof *c.out_start * R);
+    ck_assert(c.hist && c.hstart && c.out_start);
+    for (int32_t r = 0; r < R; r++) {
+        memcpy(c.x + (int64_t)r * V, logits, sizeof logits);
+        memcpy(c.hist + r * H, row_hist, sizeof row_hist);
+        c.hstart[r] = r * H;
+        c.out_start[r] = r * H + 4;
+    }
+    c.hstart[R] = R * H;
+    c.out_start[4] = 5 * H; /* row 4: no output yet */
+    c.out_start[5] = 5 * H; /* row 5: the whole history is output */
+    c.rp[0].pres = 1.0f;
+    c.rp[1].freq = 0.75f;
+    c.rp[2].rep = 2.0f;
+    c.rp[3].rep = 2.0f, c.rp[3].pres = 0.5f, c.rp[3].freq = 0.25f;
+    c.rp[4].pres = 1.0f, c.rp[4].freq = 0.75f;
+    c.rp[5].pres = 1.0f;
+    int32_t *ids = NULL;
+    ck_assert_int_eq(check_sample(&c, &ids), R);
+    for (int32_t r = 0; r < R; r++)
+        ck_assert_msg(ids[r] == want_id[r], "output start (by hand) row %d: id %d, expected %d", r, ids[r],
+                      want_id[r]);
+    free(ids);
+    /* without the array every row falls back to the whole history: presence/frequency hit 2 and 3 as well */
+    free(c.out_start);
+    c.out_start = NULL;
+    check_sample(&c, &ids);
+    for (int32_t r = 0; r < R; r++)
+        ck_assert_msg(ids[r] == 5, "whole history (by hand) row %d: id %d, expected 5", r, ids[r]);
+    free(ids);
+    scase_free(&c);
+
+    int32_t checked = 0;
+    for (int round = 0; round < 4; round++) {
+        struct scase d = scase_new("output start", 1500, 8, round % 2 ? 4 : 0, 1, 1.0);
+        give_history(&d, 16, 0); /* ids 0..2 one id three times, 3..4 the row's best: they straddle the start */
+        d.out_start = malloc(sizeof *d.out_start * 8);
+        ck_assert_ptr_nonnull(d.out_start);
+        for (int32_t r = 0; r < 8; r++) {
+            static const int32_t at[8] = {2, 4, 0, 16, 1, 3, 8, 15};
+            d.out_start[r] = d.hstart[r] + at[(r + round) % 8];
+            d.rp[r].temp = r < 4 ? 0.0f : 0.9f;
+            switch (r % 4) {
+            case 0: d.rp[r].pres = 5.0f; break;
+            case 1: d.rp[r].freq = 2.5f; break;
+            case 2: d.rp[r].rep = 1.7f, d.rp[r].pres = 0.5f; break;
+            case 3: d.rp[r].rep = 1.3f, d.rp[r].pres = 0.5f, d.rp[r].freq = 0.25f; break;
+            }
+        }
+        checked += check_sample(&d, NULL);
+        scase_free(&d);
+    }
+    ck_assert_msg(checked >= 26, "only %d unambiguous rows", checked);
+}
+END_TEST
+
 START_TEST(test_combined)
 {
     int32_t checked = 0;
@@ -876,6 +958,20 @@ START_TEST(test_sample_errors)
     ck_assert_str_eq(msg[HX_GPU], msg[HX_CPU]);
     sout_free(&o);
 
+    /* an output start outside its row's history range: the shared check's message on both */
+    c.rp[0].rep = 1.0f;
+    c.out_start = malloc(sizeof *c.out_start * 2);
+    ck_assert_ptr_nonnull(c.out_start);
+    c.out_start[0] = 2, c.out_start[1] = 9;
+    run_sample(&c, &o, st, msg);
+    ck_assert_int_eq(st[HX_CPU], BERTH_E_INVALID);
+    ck_assert_int_eq(st[HX_GPU], BERTH_E_INVALID);
+    ck_assert_str_eq(msg[HX_GPU], "sample: row 1 history_output_start 9 is outside its history [4, 8]");
+    ck_assert_str_eq(msg[HX_GPU], msg[HX_CPU]);
+    sout_free(&o);
+    free(c.out_start);
+    c.out_start = NULL;
+
     /* min_p > 1 leaves nothing to draw (the CPU backend returns id -1): refused here */
     c.rp[0].rep = 1.0f;
     c.rp[1].temp = 1.0f, c.rp[1].min_p = 1.5f;
@@ -990,6 +1086,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, test_top_p_boundary_tie);
     tcase_add_test(tc, test_min_p);
     tcase_add_test(tc, test_penalties);
+    tcase_add_test(tc, test_penalties_output_start);
     tcase_add_test(tc, test_combined);
     tcase_add_test(tc, test_seeds_and_counters);
     tcase_add_test(tc, test_large_vocab);
