@@ -257,6 +257,8 @@ static void stream_free(struct berth_stream *s)
         (void)cudaFree(s->dev.ptr);
     if (s->ynorm_count)
         (void)cudaFree(s->ynorm_count);
+    if (s->att_count)
+        (void)cudaFree(s->att_count);
     while (s->retired) {
         struct cu_retired *r = s->retired;
         s->retired = r->next;
@@ -318,15 +320,19 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_SPLIT_KEYS='%s' ignored: a multiple of 16 in "
                      "16..4096 is expected", sk);
     }
-    be->att_decode = CU_ATT_DECODE_CLUSTER;
+    be->att_decode = CU_ATT_DECODE_AUTO;
     if (const char *dp = getenv("BERTH_CUDA_ATT_DECODE")) { /* a measurement switch (docs/config.md) */
         if (strcmp(dp, "old") == 0)
             be->att_decode = CU_ATT_DECODE_OLD;
         else if (strcmp(dp, "c8") == 0)
             be->att_decode = CU_ATT_DECODE_CLUSTER8;
-        else if (strcmp(dp, "new") != 0 && *dp != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_DECODE='%s' ignored: 'new', 'c8' or 'old' is "
-                     "expected", dp);
+        else if (strcmp(dp, "new") == 0)
+            be->att_decode = CU_ATT_DECODE_CLUSTER;
+        else if (strcmp(dp, "mma") == 0)
+            be->att_decode = CU_ATT_DECODE_MMA;
+        else if (strcmp(dp, "auto") != 0 && *dp != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_DECODE='%s' ignored: 'auto', 'mma', 'new', 'c8' "
+                     "or 'old' is expected", dp);
     }
     be->gemv_mode = CU_GEMV_NEW;
     if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
@@ -379,6 +385,26 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         else if (*gn != '\0')
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV_NORM='%s' ignored: 0 (off) or the largest M in 1..8 "
                      "is expected", gn);
+    }
+    if (const char *sk = getenv("BERTH_CUDA_SKIP")) { /* an ablation switch (docs/config.md): wrong results */
+        static const struct { const char *name; unsigned bit; } names[] = {
+            {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},
+            {"kv", CU_SKIP_KV},       {"attn", CU_SKIP_ATTN}, {"small", CU_SKIP_SMALL}};
+        for (const char *at = sk; *at;) {
+            const size_t len = strcspn(at, ",");
+            size_t i = 0;
+            while (i < sizeof names / sizeof names[0] && !(strlen(names[i].name) == len && !strncmp(at, names[i].name, len)))
+                i++;
+            if (i < sizeof names / sizeof names[0])
+                be->skip |= names[i].bit;
+            else if (len)
+                cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKIP: '%.*s' ignored: ynorm, rope, norm, kv, attn or "
+                         "small is expected", (int)len, at);
+            at += len + (at[len] == ',');
+        }
+        if (be->skip)
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKIP='%s': those ops do nothing, results are wrong "
+                     "(an ablation run)", sk);
     }
     be->ck.weight_dtypes = CU_WEIGHT_DTYPES;
     be->ck.act_dtypes = CU_ACT_DTYPES;
@@ -533,10 +559,17 @@ static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
         free(s);
         return st;
     }
-    /* the GEMV's arrival counter (gemv_norm.cuh): zero before any kernel or recording can use it */
+    /* the GEMV's arrival counter (gemv_norm.cuh) and the decode attention's (attention_decode_mma.cu): zero
+     * before any kernel or recording can use them */
     st = cu_check(be, cudaMalloc((void **)&s->ynorm_count, sizeof *s->ynorm_count), "cudaMalloc (stream counter)");
     if (st == BERTH_OK)
         st = cu_check(be, cudaMemsetAsync(s->ynorm_count, 0, sizeof *s->ynorm_count, s->cs), "cudaMemsetAsync");
+    if (st == BERTH_OK)
+        st = cu_check(be, cudaMalloc((void **)&s->att_count, CU_ATT_COUNTERS * sizeof *s->att_count),
+                      "cudaMalloc (stream counters)");
+    if (st == BERTH_OK)
+        st = cu_check(be, cudaMemsetAsync(s->att_count, 0, CU_ATT_COUNTERS * sizeof *s->att_count, s->cs),
+                      "cudaMemsetAsync");
     if (st == BERTH_OK)
         st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
     if (st != BERTH_OK) {

@@ -75,7 +75,12 @@ struct berth_stream {
     int host_pending;           /* host_free was recorded and not yet waited for */
     unsigned int *ynorm_count;  /* device: the GEMV's arrival counter for a trailing norm it finishes itself
                                  * (gemv_norm.cuh); 0 between kernels; made and zeroed with the stream */
+    unsigned int *att_count;    /* device: CU_ATT_COUNTERS arrival counters of the tensor-core decode attention's
+                                 * split merge (attention_decode_mma.cu), one per (sequence, KV head); 0 between
+                                 * kernels; made and zeroed with the stream */
 };
+
+#define CU_ATT_COUNTERS 4096
 
 struct berth_backend {
     const berth_host *host;
@@ -108,7 +113,17 @@ struct berth_backend {
                                  * init; for tuning runs) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 8; for A/B runs) */
+    unsigned skip;              /* CU_SKIP_* bits: ops enqueued as nothing (env BERTH_CUDA_SKIP, read at init). A
+                                 * measurement switch for ablation runs: results are wrong by design; the time a
+                                 * step loses tells what those launches cost on the critical path */
 };
+
+#define CU_SKIP_YNORM 1u  /* a matmul's trailing norm (y_norm) */
+#define CU_SKIP_ROPE 2u   /* rms_norm ops with RoPE (q-norm + RoPE) */
+#define CU_SKIP_NORM 4u   /* other rms_norm ops */
+#define CU_SKIP_KV 8u     /* kv_append */
+#define CU_SKIP_ATTN 16u  /* attention */
+#define CU_SKIP_SMALL 32u /* matmuls with K or N <= 512 (Gemma 4's per-layer-input products) */
 
 #define CU_SKINNY_MIN_M 5 /* below: the GEMV, whose fp32 FMAs per weight are cheap enough up to M = 4 */
 /* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
@@ -121,6 +136,8 @@ struct berth_backend {
 #define CU_ATT_DECODE_CLUSTER 0  /* attention_decode.cu: one launch, clusters of up to 16 blocks (default) */
 #define CU_ATT_DECODE_CLUSTER8 1 /* the same, clusters of at most 8 blocks (BERTH_CUDA_ATT_DECODE=c8) */
 #define CU_ATT_DECODE_OLD 2      /* attention.cu's split-K kernel + combine kernel (BERTH_CUDA_ATT_DECODE=old) */
+#define CU_ATT_DECODE_MMA 3      /* attention_decode_mma.cu wherever it serves, else as CLUSTER (=mma) */
+#define CU_ATT_DECODE_AUTO 4     /* small calls CLUSTER, the rest attention_decode_mma.cu where it serves (=auto) */
 
 #define CU_GEMV_NEW 0   /* gemv.cu, loads into registers */
 #define CU_GEMV_OLD 1   /* matmul.cu's general GEMV kernel */

@@ -206,7 +206,7 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     CU_OP_BEGIN(be, kv_append, p);
     const berth_kv_view *kv = &p->kv;
     const int64_t T = p->k.ne[2];
-    if (T == 0 || kv->n_kv_heads == 0)
+    if (T == 0 || kv->n_kv_heads == 0 || (be->skip & CU_SKIP_KV))
         return BERTH_OK;
     const bool kw = opck_norm_has_weight(p->k_norm_mode), vw = opck_norm_has_weight(p->v_norm_mode);
     const bool rope = p->rope_n_pairs > 0;

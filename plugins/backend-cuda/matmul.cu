@@ -944,7 +944,7 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
 {
     CU_OP_BEGIN(be, matmul, p);
     const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
-    if (M == 0 || N == 0)
+    if (M == 0 || N == 0 || ((be->skip & CU_SKIP_SMALL) && (K <= 512 || N <= 512)))
         return BERTH_OK;
     /* matmul_skinny.cu first: batched decode in bf16 mode (be->skinny_min_m <= M <= 64, its layout rules); when it
      * declines, the GEMV up to M = 8, cuBLAS above */

@@ -506,6 +506,8 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         return BERTH_OK;
     nm_rms_args a = nm_rms_args_of(p);
     a.np = opck_rms_rope_pairs(p);
+    if (be->skip & (a.np > 0 ? CU_SKIP_ROPE : CU_SKIP_NORM))
+        return BERTH_OK;
     if (a.np > 0) {
         a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
         a.freqs = (const float *)cu_ptr(&p->rope_freqs);
@@ -713,5 +715,7 @@ berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const be
     const berth_rms_norm_params *yn = p ? opck_matmul_y_norm(p) : NULL;
     bool done = false;
     const berth_status st = cu_matmul_run(be, s, p, yn ? &done : NULL);
+    if (yn && (be->skip & CU_SKIP_YNORM))
+        return st;
     return st == BERTH_OK && yn && !done ? cu_op_rms_norm(be, s, yn) : st;
 }

@@ -17,7 +17,10 @@
  *
  * Decode batches (T == n_seqs) take attention_decode.cu's one-launch cluster kernel; BERTH_CUDA_ATT_DECODE=old
  * (attention.cu's split-K kernel and combine) and =c8 (clusters of at most 8 blocks) rerun the same cases on the
- * other paths. The "cluster:" cases are that kernel's edges: split boundaries, length 1, length == window, rows
+ * other paths. With HX_COMPUTE=bf16 and BERTH_CUDA_ATT_DECODE=mma (test cuda_ops_attention_bf16_mma, which also
+ * sets HX_ATT_DECODE_MMA=1 to tell this file) decode cases over an aligned bf16/f16 cache with up to 8 query heads
+ * per KV head take attention_decode_mma.cu's tensor-core kernel and are held to the same bound as the prefill
+ * kernel's (same rounding contract). The "cluster:" cases are that kernel's edges: split boundaries, length 1, length == window, rows
  * without a cluster, block tables wider than the part it preloads, and (graphs) replays with 0 visible keys.
  */
 #include <math.h>
@@ -176,8 +179,11 @@ static int tensor_core_expected(const struct attn_case *c, const struct pool *p,
     const berth_kv_view *kv = &p->kv;
     const uint64_t align = p->v_off | kv->block_stride | kv->token_stride | kv->head_stride | kv->v_token_stride |
                            kv->v_head_stride;
-    return compute_bf16() && T != c->n_seqs && (c->kv_dt == BERTH_DTYPE_BF16 || c->kv_dt == BERTH_DTYPE_F16) &&
-           c->D % 16 == 0 && c->DV % 16 == 0 && align % 16 == 0;
+    const char *dm = getenv("HX_ATT_DECODE_MMA");
+    const int decode_mma = dm && strcmp(dm, "1") == 0 && c->n_rep <= 8 && c->D <= 512 && c->DV <= 512;
+    return compute_bf16() && (T != c->n_seqs || decode_mma) &&
+           (c->kv_dt == BERTH_DTYPE_BF16 || c->kv_dt == BERTH_DTYPE_F16) && c->D % 16 == 0 && c->DV % 16 == 0 &&
+           align % 16 == 0;
 }
 
 static float round_bf16(float f)
@@ -352,7 +358,12 @@ static void expect_tensor_core_bound(const struct attn_case *c, const struct poo
         const double dc = fabs((double)gpu[i] - (double)cpu[i]);
         max_vs_cpu = dc > max_vs_cpu ? dc : max_vs_cpu;
     }
-    if (!f16)
+    /* Proof that the rounding path ran, where rounding shows: bf16, and some row that sees two keys or more (one
+     * key gives P = 1 exactly, so the output is that key's V on either path). */
+    int multi = 0;
+    for (int i = 0; i < c->n_seqs; i++)
+        multi |= in->kvlen[i] >= 2 && (c->window == 0 || c->window >= 2) && in->qstart[i + 1] > in->qstart[i];
+    if (!f16 && multi)
         ck_assert_msg(max_vs_cpu > 4.0 * tol, "%s: the GPU equals the CPU within %.3g: the tensor-core path (bf16 q "
                       "and P) did not run", what, max_vs_cpu);
     printf("%s: tensor cores: largest |gpu - ref| %.3g, %.1f%% of its bound; largest |gpu - cpu| %.3g\n", what,
@@ -891,6 +902,39 @@ static void dec_set_lengths(const struct dec_case *dc, int bt_w, const int *bloc
     free(bt);
 }
 
+/* The output check of a decode case: the tensor-core bound when that kernel ran (tensor_core_expected), else the
+ * fp32 tolerance. The reference reads the CPU side's pool, tables and q. */
+static void dec_expect(const struct attn_case *c, const struct pool *pool, int bt_w, struct hx_tensor *out,
+                       struct hx_tensor *q, struct hx_tensor *gate, struct hx_tensor *tbt, struct hx_tensor *tkv,
+                       struct hx_tensor *tpos, struct hx_tensor *tqs, double tol, const char *what)
+{
+    const int T = c->n_seqs;
+    if (!tensor_core_expected(c, pool, T)) {
+        hx_expect_close(out, tol, tol, what);
+        return;
+    }
+    unsigned char *pb = malloc(pool->mem.bytes);
+    int32_t *bt = malloc(tbt->bytes), *kvl = malloc(tkv->bytes), *pos = malloc(tpos->bytes), *qs = malloc(tqs->bytes);
+    float *qh = malloc(q->bytes), *gh = malloc(gate->bytes);
+    ck_assert(pb && bt && kvl && pos && qs && qh && gh);
+    hx_get(&((struct pool *)pool)->mem, HX_CPU, pb);
+    hx_get(tbt, HX_CPU, bt);
+    hx_get(tkv, HX_CPU, kvl);
+    hx_get(tpos, HX_CPU, pos);
+    hx_get(tqs, HX_CPU, qs);
+    hx_get_f32(q, HX_CPU, qh);
+    hx_get_f32(gate, HX_CPU, gh);
+    const struct ref_inputs in = {pb, bt, pos, qs, kvl, bt_w, T, qh, gh};
+    expect_tensor_core_bound(c, pool, &in, out, tol, what);
+    free(pb);
+    free(bt);
+    free(kvl);
+    free(pos);
+    free(qs);
+    free(qh);
+    free(gh);
+}
+
 static void dec_run(const struct dec_case *dc)
 {
     struct attn_case c;
@@ -898,6 +942,8 @@ static void dec_run(const struct dec_case *dc)
     c.name = dc->name;
     c.kv_dt = dc->kv_dt;
     c.D = dc->D, c.DV = dc->DV, c.n_kvh = dc->n_kvh, c.n_rep = dc->n_rep, c.bs = dc->bs, c.layout = dc->layout;
+    c.n_seqs = dc->n_seqs, c.mask = dc->mask, c.window = dc->window, c.scale = dc->scale, c.softcap = dc->softcap;
+    c.gate = dc->gate;
     const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, T = ns;
     ck_assert(ns >= 1 && ns <= DEC_MAX_SEQS);
     int bt_w = dc->bt_w, max_kv = 0;
@@ -963,7 +1009,7 @@ static void dec_run(const struct dec_case *dc)
     const double tol = 2e-5 * fmax(1.0, dc->scale * sqrt((double)dc->D) / 4.0); /* as run_case */
     char what[400];
     snprintf(what, sizeof what, "%s: attention output", dc->name);
-    hx_expect_close(&out, tol, tol, what);
+    dec_expect(&c, &pool, bt_w, &out, &q, &gate, &tbt, &tkv, &tpos, &tqs, tol, what);
     {
         float *o = malloc(sizeof(float) * (size_t)dc->DV * (size_t)H * (size_t)T);
         ck_assert(o);
@@ -1004,7 +1050,7 @@ static void dec_run(const struct dec_case *dc)
                           hx_last_error);
             hx_sync();
             snprintf(what, sizeof what, "%s: graph replay %d (lengths up to %d of %d)", dc->name, r, mx, cap);
-            hx_expect_close(&out, tol, tol, what);
+            dec_expect(&c, &pool, bt_w, &out, &q, &gate, &tbt, &tkv, &tpos, &tqs, tol, what);
         }
         g->vt->graph_destroy(g->be, graph);
     }

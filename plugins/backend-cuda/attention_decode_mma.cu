@@ -1,0 +1,737 @@
+/*
+ * attention_decode_mma.cu — the tensor-core decode path of ATTENTION (berth/backend.h): one query row per
+ * sequence (T == n_seqs), BF16 compute mode, a bf16/f16 cache, head dims that are multiples of 16 up to 512, up
+ * to 8 query heads per KV head. attention.cu's decode dispatch calls cu_attention_decode_mma() (which kernel
+ * serves which call: the policy there); *ran = false means nothing was enqueued.
+ *
+ * Why: the other decode kernels (attention_decode.cu, attention.cu's split kernel) are fp32 SIMT: every key costs
+ * each lane E widening conversions, E FMAs per head and a warp reduction, so at 32-128 sequences they stream K/V
+ * at a third to a quarter of the memory bandwidth (bench/RESULTS.md). Here the dot products are tensor-core
+ * products with the roles turned so that the 8 query heads of a KV head fill the MMA's N = 8 and nothing is
+ * padded: S^T (keys x heads) = K Q^T, then O^T (dims x heads) += V^T P^T, both mma.sync m16n8k16 with fp32
+ * accumulators. Decode is then a pure stream of K/V through shared memory.
+ *
+ * Work split (from shapes only, so a captured launch replays with any lengths): a block serves one (sequence, KV
+ * head, split of the row's visible keys); the split count fills about one wave of the GPU and gives each split
+ * at least a tile of keys; each row cuts its OWN visible range (read on the device) into that many pieces. A block
+ * of 4 warps streams its keys in tiles of BN (32, 16 at head dim 512) through a 3-stage cp.async ring (two tiles
+ * in flight from the start). Per tile, three barriers:
+ *   (A) tile t landed; tile t+2 is issued into the stage tile t-1 left;
+ *   each warp contracts its quarter of the head dim: partial S^T of all BN keys x 8 heads (ldmatrix K as A, q^T
+ *   fragments in registers as B), written to shared memory; (B) the softmax threads (16 per head) add the four
+ *   quarters in a fixed order, scale/softcap/mask in log2 units, keep the head's running max and sum, write P^T
+ *   rounded to the MMA type and each head's rescale factor; (C) each warp rescales and accumulates its quarter of
+ *   the output dims: O^T += V^T (ldmatrix.trans) P^T.
+ * Splits merge without a second kernel: each block writes its partial (unnormalised O, max, sum) to the stream's
+ * workspace, then counts itself in a per-(sequence, KV head) counter of the stream (release/acquire at GPU scope,
+ * as gemv_norm.cuh); the block that arrives last resets the counter and merges the partials in split order
+ * (deterministic), applies the gate and writes the output. With one split the block writes the output directly.
+ *
+ * Arithmetic (the contract of attention.cu's tensor-core prefill, held by tests/cuda_ops/test_cuda_attention.c's
+ * bound in BF16 mode): q and P rounded to the cache's type (nearest even), K and V used as stored; scale, softcap,
+ * mask, the online softmax (exp2 of scores in log2 units), the sums of the ROUNDED P values and the merge in fp32.
+ *
+ * Robustness as attention.cu (metadata is device data, never read back): a sequence whose seq_q_start range is
+ * not inside [0, T] is skipped, seq_kv_len is clamped to the block table's row, keys whose block-table entry is not
+ * a block of the pool are zero-filled and masked (never dereferenced), rows that see no key write zeros. A split
+ * never takes more than the launch's bound of keys (per_max): keys beyond it, possible only when max_kv_len
+ * understated the lengths, are dropped rather than read past the table window in shared memory.
+ */
+#include "cuda_device.cuh"
+#include "cuda_internal.h"
+#include "cuda_launch.cuh"
+#include "cuda_mma.cuh"
+
+#include <math.h>
+#include <string.h>
+
+berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+
+#define ADM_THREADS 128
+#define ADM_HEADS 8              /* query heads per KV head the MMA's N covers (fewer: zero rows of q) */
+#define ADM_STAGES 3
+#define ADM_KMAX 2048            /* keys one split may take (its block-table window lives in shared memory) */
+#define ADM_MAX_SPLITS 128
+#define ADM_PART_BYTES (64u << 20) /* most workspace the split partials may take */
+
+static_assert(ADM_THREADS == 16 * ADM_HEADS, "the softmax gives each head 16 threads");
+
+template <int DP>
+struct adm_cfg {
+    static constexpr int BN = DP > 256 ? 16 : 32; /* keys per tile: ~32 KB of K and V per tile */
+    static constexpr int ST = DP + 8;             /* shared row stride (halves): ldmatrix conflict-free */
+    static constexpr int DW = DP / 4;             /* head-dim columns per warp */
+    static constexpr int PST = BN + 8;            /* P^T row stride (halves) */
+    static constexpr size_t q_bytes = (size_t)ADM_HEADS * ST * 2;
+    static constexpr size_t tile_bytes = (size_t)BN * ST * 2; /* one K or V tile */
+    static constexpr size_t k_off = q_bytes;
+    static constexpr size_t v_off = k_off + ADM_STAGES * tile_bytes;
+    static constexpr size_t s_off = v_off + ADM_STAGES * tile_bytes; /* partial scores [4][BN][8] fp32 */
+    static constexpr size_t p_off = s_off + (size_t)4 * BN * ADM_HEADS * 4;
+    static constexpr size_t bt_off = (p_off + (size_t)ADM_HEADS * PST * 2 + 15) & ~(size_t)15;
+    static_assert(DW % 16 == 0 && BN % 16 == 0, "whole MMA tiles");
+    static_assert((size_t)ADM_MAX_SPLITS * ADM_HEADS * 4 <= tile_bytes * ADM_STAGES, "merge weights fit stage K");
+};
+
+struct adm_args {
+    const float *q;
+    int64_t q_nb1, q_nb2; /* bytes */
+    char *out;
+    int64_t out_nb1, out_nb2;
+    const char *gate; /* nullptr when absent */
+    int64_t gate_nb1, gate_nb2;
+    const int32_t *positions, *seq_q_start, *seq_kv_len, *block_table;
+    int64_t bt_stride;
+    int32_t bt_width;
+    const char *kbase, *vbase;
+    int64_t block_stride, token_stride, head_stride, v_token_stride, v_head_stride;
+    int32_t block_size, bs_shift, n_blocks; /* bs_shift: log2(block_size), -1 when not a power of two */
+    int32_t D, DV, n_rep, n_kv_heads, T;
+    int32_t mask, window;
+    float scale, softcap, sl2; /* sl2 = scale * log2(e) */
+    int32_t ns;                /* splits per row */
+    int32_t per_max;           /* most keys a split takes (a multiple of BN, <= ADM_KMAX) */
+    int32_t bt_n;              /* block-table entries a split's window holds */
+    int32_t out_vec;           /* out (and gate) rows 16-byte aligned */
+    float *part_o;             /* [T][n_kv_heads][ns][8][DV] unnormalised outputs (ns > 1) */
+    float2 *part_ml;           /* [T][n_kv_heads][ns][8] (max in log2 units, sum) */
+    unsigned int *count;       /* [n_seqs * n_kv_heads] arrival counters, 0 between kernels (ns > 1) */
+};
+
+__device__ __forceinline__ float adm_exp2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Two 8 x 8 b16 matrices (lanes 0..15 give the row addresses). */
+__device__ __forceinline__ void adm_ldsm2(uint32_t r[2], const uint16_t *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1])
+                 : "r"(cu_smem_addr(p)));
+}
+
+template <bool F16>
+__device__ __forceinline__ uint16_t adm_round(float x)
+{
+    if constexpr (F16)
+        return __half_as_ushort(__float2half_rn(x));
+    else
+        return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+template <bool F16>
+__device__ __forceinline__ float adm_widen(uint16_t h)
+{
+    if constexpr (F16)
+        return __half2float(__ushort_as_half(h));
+    else
+        return __uint_as_float((uint32_t)h << 16);
+}
+
+/* Block-table entry index of key j (entries count from the start of the row). */
+__device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
+{
+    return a.bs_shift >= 0 ? j >> a.bs_shift : j / a.block_size;
+}
+
+/* The 16-byte pieces of keys [k0 + BN * tile, + BN) of K and V into stage st; zero-filled for keys past k1, keys
+ * whose block is not in the pool and head dims past D / DV. */
+template <int DP>
+__device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
+                                          int32_t kt0, int32_t k1, int g, int st)
+{
+    using C = adm_cfg<DP>;
+    constexpr int CPR = DP / 8; /* pieces per row */
+    uint16_t *Kd = (uint16_t *)(sm + C::k_off + st * C::tile_bytes);
+    uint16_t *Vd = (uint16_t *)(sm + C::v_off + st * C::tile_bytes);
+#pragma unroll 4
+    for (int c = threadIdx.x; c < C::BN * CPR; c += ADM_THREADS) {
+        const int r = c / CPR, ch = c % CPR;
+        const int32_t j = kt0 + r;
+        const char *ks = a.kbase, *vs = a.vbase;
+        bool ok = j < k1;
+        if (ok) {
+            const int32_t e = adm_entry(a, j) - e0;
+            const int32_t b = e < a.bt_n ? bt_s[e] : -1;
+            ok = b >= 0 && b < a.n_blocks;
+            if (ok) {
+                const int32_t off = a.bs_shift >= 0 ? j & (a.block_size - 1) : j % a.block_size;
+                ks = a.kbase + (int64_t)b * a.block_stride + (int64_t)off * a.token_stride +
+                     (int64_t)g * a.head_stride + ch * 16;
+                vs = a.vbase + (int64_t)b * a.block_stride + (int64_t)off * a.v_token_stride +
+                     (int64_t)g * a.v_head_stride + ch * 16;
+            }
+        }
+        cu_cp16(Kd + r * C::ST + ch * 8, ks, ok && ch * 8 < a.D ? 16 : 0);
+        cu_cp16(Vd + r * C::ST + ch * 8, vs, ok && ch * 8 < a.DV ? 16 : 0);
+    }
+}
+
+/* Counts this block in *count (every thread calls it, after its partial stores); true in the block that arrived
+ * last of n, which has reset the counter. */
+__device__ __forceinline__ bool adm_arrive(unsigned int *count, int n)
+{
+    __shared__ unsigned int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int prev;
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(prev) : "l"(count) : "memory");
+        last = prev == (unsigned int)n - 1;
+        if (last)
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(count) : "memory");
+    }
+    __syncthreads();
+    return last != 0;
+}
+
+/* out[t, h0 + h, d] = v (times sigmoid(gate) when gated). */
+__device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq, int d, float v)
+{
+    if (a.gate) {
+        const float gv = *(const float *)(a.gate + t * a.gate_nb2 + (int64_t)hq * a.gate_nb1 + (int64_t)d * 4);
+        v *= 1.0f / (1.0f + expf(-gv));
+    }
+    return v;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
+
+template <int DP, bool F16>
+__global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_args a)
+{
+    using C = adm_cfg<DP>;
+    constexpr int BN = C::BN, ST = C::ST, DW = C::DW, PST = C::PST, H = ADM_HEADS;
+    constexpr int MT = DW / 16; /* output m-tiles (16 dims) per warp */
+    constexpr int KS = DW / 16; /* k-steps of S per warp */
+    constexpr float LOG2E = 1.4426950408889634f;
+    extern __shared__ __align__(16) unsigned char sm[];
+    uint16_t *Qs = (uint16_t *)sm;
+    float *Sred = (float *)(sm + C::s_off);
+    uint16_t *Ps = (uint16_t *)(sm + C::p_off);
+    int32_t *bt_s = (int32_t *)(sm + C::bt_off);
+    __shared__ float alpha_s[H];
+    __shared__ float2 ml_s[H];
+
+    cu_pdl_trigger();
+    cu_pdl_wait();
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const unsigned bx = blockIdx.x;
+    const int split = (int)(bx % (unsigned)a.ns);
+    const unsigned rest = bx / (unsigned)a.ns;
+    const int g = (int)(rest % (unsigned)a.n_kv_heads);
+    const int seq = (int)(rest / (unsigned)a.n_kv_heads);
+    const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
+    if (q0 < 0 || q1 < q0 || q1 > a.T) /* the same in every block of this (sequence, KV head): none arrives */
+        return;
+    int32_t kv_len;
+    {
+        const int64_t cap = (int64_t)a.bt_width * a.block_size;
+        const int64_t n = a.seq_kv_len[seq] < 0 ? 0 : a.seq_kv_len[seq];
+        kv_len = (int32_t)(n < cap ? n : cap);
+    }
+    const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
+    const int h0 = g * a.n_rep;
+    const int sh = tid >> 4, sub = tid & 15; /* softmax: head sh, keys sub + 16 r */
+
+    for (int32_t t = q0; t < q1; t++) {
+        int32_t lo, hi;
+        cu_attn_row_range(a.mask, a.window, a.positions[t], kv_len, &lo, &hi);
+        int32_t per = (hi - lo + a.ns - 1) / a.ns;
+        per = (per + BN - 1) / BN * BN;
+        per = per < a.per_max ? per : a.per_max;
+        const int32_t k0 = lo + split * per;
+        int32_t k1 = k0 + per < hi ? k0 + per : hi;
+        k1 = k1 > k0 ? k1 : k0;
+        const int ntiles = (k1 - k0 + BN - 1) / BN;
+        const int32_t e0 = k1 > k0 ? adm_entry(a, k0) : 0;
+
+        /* The split's block-table window; then its first two tiles go in flight while q is rounded into shared
+         * memory (zeros past n_rep heads and past D). */
+        {
+            const int32_t ne = k1 > k0 ? adm_entry(a, k1 - 1) - e0 + 1 : 0;
+            for (int i = tid; i < ne && i < a.bt_n; i += ADM_THREADS)
+                bt_s[i] = e0 + i < a.bt_width ? bt[e0 + i] : -1;
+        }
+        __syncthreads();
+        if (ntiles > 0)
+            adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0);
+        cu_cp_commit();
+        if (ntiles > 1)
+            adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1);
+        cu_cp_commit();
+        {
+            float x[DP / 32][2];
+#pragma unroll
+            for (int k = 0; k < DP / 32; k++) { /* all loads first: one round trip */
+                const int i = tid + k * ADM_THREADS, h = i / (DP / 2), d = 2 * (i % (DP / 2));
+                x[k][0] = x[k][1] = 0.0f;
+                if (h < a.n_rep && d < a.D) {
+                    const float *qr = (const float *)((const char *)a.q + (int64_t)t * a.q_nb2 +
+                                                      (int64_t)(h0 + h) * a.q_nb1);
+                    x[k][0] = qr[d];
+                    x[k][1] = qr[d + 1]; /* D is even */
+                }
+            }
+#pragma unroll
+            for (int k = 0; k < DP / 32; k++) {
+                const int i = tid + k * ADM_THREADS, h = i / (DP / 2), d = 2 * (i % (DP / 2));
+                Qs[h * ST + d] = adm_round<F16>(x[k][0]);
+                Qs[h * ST + d + 1] = adm_round<F16>(x[k][1]);
+            }
+        }
+        __syncthreads();
+
+        /* q^T fragments of this warp's head-dim quarter (B operands of S^T = K q^T) */
+        uint32_t qf[KS][2];
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            adm_ldsm2(qf[ks], Qs + (lane & 7) * ST + warp * DW + ks * 16 + ((lane >> 3) & 1) * 8);
+
+        float o[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+            o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.0f;
+        float m_run = -INFINITY, l_run = 0.0f; /* head sh, replicated over its 16 threads */
+
+        for (int it = 0; it < ntiles; it++) {
+            const int st = it % ADM_STAGES;
+            cu_cp_wait<1>();
+            __syncthreads(); /* (A) tile it is visible; every thread is done with tile it - 1 */
+            if (it + 2 < ntiles)
+                adm_issue<DP>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % ADM_STAGES);
+            cu_cp_commit();
+            const uint16_t *Kt = (const uint16_t *)(sm + C::k_off + st * C::tile_bytes);
+            const uint16_t *Vt = (const uint16_t *)(sm + C::v_off + st * C::tile_bytes);
+
+            /* partial S^T over this warp's head-dim quarter */
+#pragma unroll
+            for (int mt = 0; mt < BN / 16; mt++) {
+                float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t af[4];
+                    cu_ldsm4(af, Kt + (mt * 16 + (lane & 15)) * ST + warp * DW + ks * 16 + (lane >> 4) * 8);
+                    cu_mma16816<F16>(sacc, af, qf[ks][0], qf[ks][1]);
+                }
+                float *sr = Sred + ((warp * BN + mt * 16 + (lane >> 2)) * H + 2 * (lane & 3));
+                *(float2 *)sr = make_float2(sacc[0], sacc[1]);
+                *(float2 *)(sr + 8 * H) = make_float2(sacc[2], sacc[3]);
+            }
+            __syncthreads(); /* (B) */
+
+            /* softmax of head sh over the tile's keys sub, sub + 16, ... */
+            {
+                constexpr int R = BN / 16;
+                float sc[R];
+                float tmax = -INFINITY;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const int kt = sub + 16 * r;
+                    const int32_t j = k0 + it * BN + kt;
+                    float sv = Sred[(0 * BN + kt) * H + sh] + Sred[(1 * BN + kt) * H + sh];
+                    sv += Sred[(2 * BN + kt) * H + sh];
+                    sv += Sred[(3 * BN + kt) * H + sh];
+                    if (a.softcap > 0.0f)
+                        sv = a.softcap * tanhf(a.scale * sv / a.softcap) * LOG2E;
+                    else
+                        sv *= a.sl2;
+                    bool vis = j < k1;
+                    if (vis) {
+                        const int32_t e = adm_entry(a, j) - e0;
+                        const int32_t b = e < a.bt_n ? bt_s[e] : -1;
+                        vis = b >= 0 && b < a.n_blocks;
+                    }
+                    sc[r] = vis ? sv : -INFINITY;
+                    tmax = fmaxf(tmax, sc[r]);
+                }
+#pragma unroll
+                for (int off = 8; off >= 1; off >>= 1)
+                    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+                const float m_new = fmaxf(m_run, tmax);
+                const float alpha = m_new == -INFINITY ? 1.0f : adm_exp2(m_run - m_new);
+                float psum = 0.0f;
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    const float pv = m_new == -INFINITY ? 0.0f : adm_exp2(sc[r] - m_new);
+                    const uint16_t pr = adm_round<F16>(pv);
+                    Ps[sh * PST + sub + 16 * r] = pr;
+                    psum += adm_widen<F16>(pr);
+                }
+#pragma unroll
+                for (int off = 8; off >= 1; off >>= 1)
+                    psum += __shfl_xor_sync(0xffffffffu, psum, off);
+                l_run = l_run * alpha + psum;
+                m_run = m_new;
+                if (sub == 0)
+                    alpha_s[sh] = alpha;
+            }
+            __syncthreads(); /* (C) */
+
+            /* O^T (this warp's dims) = alpha O^T + V^T P^T */
+            {
+                const float al0 = alpha_s[2 * (lane & 3)], al1 = alpha_s[2 * (lane & 3) + 1];
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    o[mt][0] *= al0;
+                    o[mt][1] *= al1;
+                    o[mt][2] *= al0;
+                    o[mt][3] *= al1;
+                }
+#pragma unroll
+                for (int ks = 0; ks < BN / 16; ks++) {
+                    uint32_t pb[2];
+                    adm_ldsm2(pb, Ps + (lane & 7) * PST + ks * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        uint32_t vf[4];
+                        cu_ldsm4_t(vf, Vt + (ks * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * ST + warp * DW +
+                                           mt * 16 + ((lane >> 3) & 1) * 8);
+                        cu_mma16816<F16>(o[mt], vf, pb[0], pb[1]);
+                    }
+                }
+            }
+        }
+        cu_cp_wait<0>();
+
+        /* this split's result for row t: the output itself (one split) or its partial */
+        if (sub == 0)
+            ml_s[sh] = make_float2(m_run, l_run);
+        __syncthreads();
+        const int hA = 2 * (lane & 3), hB = hA + 1;
+        if (a.ns == 1) {
+            const float lA = ml_s[hA].y, lB = ml_s[hB].y;
+            const float iA = lA > 0.0f ? 1.0f / lA : 0.0f, iB = lB > 0.0f ? 1.0f / lB : 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int d = warp * DW + mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+                    const int h = e & 1 ? hB : hA;
+                    if (h < a.n_rep && d < a.DV) {
+                        const float v = adm_gated(a, t, h0 + h, d, o[mt][e] * (e & 1 ? iB : iA));
+                        *(float *)(a.out + (int64_t)t * a.out_nb2 + (int64_t)(h0 + h) * a.out_nb1 +
+                                   (int64_t)d * 4) = v;
+                    }
+                }
+        } else {
+            const int64_t slot = ((int64_t)t * a.n_kv_heads + g) * a.ns + split;
+            float *po = a.part_o + slot * H * a.DV;
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int d = warp * DW + mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+                    const int h = e & 1 ? hB : hA;
+                    if (d < a.DV)
+                        po[(int64_t)h * a.DV + d] = o[mt][e];
+                }
+            if (tid < H)
+                a.part_ml[slot * H + tid] = ml_s[tid];
+        }
+        __syncthreads(); /* Qs, bt_s, ml_s and the stages are free for the next row */
+    }
+    if (a.ns == 1 || !adm_arrive(a.count + (int64_t)seq * a.n_kv_heads + g, a.ns))
+        return;
+
+    /* The last block of this (sequence, KV head): merge every row's splits in split order. */
+    float *wgt = (float *)(sm + C::k_off); /* [ns][8]: each split's weight in the final output */
+    for (int32_t t = q0; t < q1; t++) {
+        const int64_t slot0 = ((int64_t)t * a.n_kv_heads + g) * a.ns;
+        {
+            float mx = -INFINITY;
+            for (int sp = sub; sp < a.ns; sp += 16)
+                mx = fmaxf(mx, __ldcg(&a.part_ml[(slot0 + sp) * H + sh].x));
+#pragma unroll
+            for (int off = 8; off >= 1; off >>= 1)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+            float l = 0.0f;
+            for (int sp = sub; sp < a.ns; sp += 16) {
+                const float2 ml = __ldcg(&a.part_ml[(slot0 + sp) * H + sh]);
+                const float w = ml.x == -INFINITY ? 0.0f : adm_exp2(ml.x - mx);
+                wgt[sp * H + sh] = w;
+                l += w * ml.y;
+            }
+#pragma unroll
+            for (int off = 8; off >= 1; off >>= 1)
+                l += __shfl_xor_sync(0xffffffffu, l, off);
+            if (sub == 0)
+                alpha_s[sh] = l > 0.0f ? 1.0f / l : 0.0f;
+        }
+        __syncthreads();
+        /* Each thread 4 output float4s, the splits 4 at a time: 16 loads in flight per round trip, summed in split
+         * order. Every split wrote its partial (zeros when it saw no key), so every load is of written data. */
+        const int c4n = a.DV / 4; /* DV is a multiple of 16 */
+        const int total = a.n_rep * c4n;
+        const int64_t sst = (int64_t)H * a.DV / 4; /* float4s from one split's partial to the next's */
+        const float4 *pb = (const float4 *)(a.part_o + slot0 * H * a.DV);
+        for (int i0 = tid; i0 < total; i0 += 4 * ADM_THREADS) {
+            int hh[4], cc[4];
+            float4 acc[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                const int i = i0 + u * ADM_THREADS;
+                hh[u] = i < total ? i / c4n : -1;
+                cc[u] = i < total ? i % c4n : 0;
+                acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+            for (int sp = 0; sp < a.ns; sp += 4) {
+                float4 v[4][4];
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        v[q][u] = sp + q < a.ns && hh[u] >= 0
+                                      ? __ldcg(pb + (sp + q) * sst + (int64_t)hh[u] * c4n + cc[u])
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+                for (int q = 0; q < 4; q++)
+#pragma unroll
+                    for (int u = 0; u < 4; u++) {
+                        const float w = sp + q < a.ns && hh[u] >= 0 ? wgt[(sp + q) * H + hh[u]] : 0.0f;
+                        acc[u].x = fmaf(w, v[q][u].x, acc[u].x);
+                        acc[u].y = fmaf(w, v[q][u].y, acc[u].y);
+                        acc[u].z = fmaf(w, v[q][u].z, acc[u].z);
+                        acc[u].w = fmaf(w, v[q][u].w, acc[u].w);
+                    }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (hh[u] < 0)
+                    continue;
+                const int h = hh[u], d = 4 * cc[u];
+                const float li = alpha_s[h];
+                float r[4] = {acc[u].x * li, acc[u].y * li, acc[u].z * li, acc[u].w * li};
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    r[e] = adm_gated(a, t, h0 + h, d + e, r[e]);
+                float *orow = (float *)(a.out + (int64_t)t * a.out_nb2 + (int64_t)(h0 + h) * a.out_nb1) + d;
+                if (a.out_vec) {
+                    *(float4 *)orow = make_float4(r[0], r[1], r[2], r[3]);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        orow[e] = r[e];
+                }
+            }
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Host side.
+
+#define ADM_CACHE_DEVICES 16
+struct adm_cache {
+    int bps[ADM_CACHE_DEVICES]; /* resident blocks per SM at the largest table window, 0: not set up */
+};
+
+template <int DP, bool F16>
+static void (*adm_fn())(const adm_args)
+{
+    return attn_decode_mma_kernel<DP, F16>;
+}
+
+static int adm_dp(int dmax)
+{
+    return dmax <= 64 ? 64 : dmax <= 128 ? 128 : dmax <= 256 ? 256 : 512;
+}
+
+static size_t adm_smem(int dp, int bt_n)
+{
+    size_t off = 0;
+    switch (dp) {
+    case 64: off = adm_cfg<64>::bt_off; break;
+    case 128: off = adm_cfg<128>::bt_off; break;
+    case 256: off = adm_cfg<256>::bt_off; break;
+    default: off = adm_cfg<512>::bt_off; break;
+    }
+    return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
+}
+
+static int adm_bn(int dp)
+{
+    return dp > 256 ? adm_cfg<512>::BN : adm_cfg<256>::BN;
+}
+
+/* Keys one row can see, as the launch is sized: the block table's capacity while capturing (a recorded graph
+ * replays with any lengths), max_kv_len otherwise; the window caps both. */
+static int64_t adm_key_bound(const berth_backend *be, const berth_attention_params *p, int64_t *cap_out)
+{
+    const berth_kv_view *kv = &p->kv;
+    const int64_t cap = (int64_t)p->block_table.ne[0] * kv->block_size;
+    int64_t kvb = be->capturing ? cap : (p->max_kv_len < cap ? p->max_kv_len : cap);
+    if (p->mask == BERTH_MASK_CAUSAL && p->window > 0 && p->window < kvb)
+        kvb = p->window;
+    *cap_out = p->mask == BERTH_MASK_CAUSAL && p->window > 0 && p->window < cap ? p->window : cap;
+    return kvb > 0 ? kvb : 0;
+}
+
+/* Splits per row for kvb keys: about one wave of blocks (bps per SM), two tiles of keys at least per split, at most
+ * ADM_KMAX keys per split; 0 when more than ADM_MAX_SPLITS would be needed. */
+static int adm_splits(const berth_backend *be, int64_t kvb, int64_t base, int bps, int bn)
+{
+    const int64_t wave = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (bps > 0 ? bps : 1);
+    int64_t ns = base < wave ? wave / base : 1;
+    const int64_t by_len = (kvb + 2 * bn - 1) / (2 * bn); /* two tiles at least: fewer partials to merge */
+    ns = ns < by_len ? ns : by_len;
+    const int64_t need = (kvb + ADM_KMAX - 1) / ADM_KMAX;
+    ns = ns > need ? ns : need;
+    if (ns > ADM_MAX_SPLITS)
+        return 0;
+    return ns < 1 ? 1 : (int)ns;
+}
+
+berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
+{
+    *ran = false;
+    const berth_kv_view *kv = &p->kv;
+    const int64_t T = p->q.ne[2], H = p->q.ne[1];
+    const int D = kv->head_dim, DV = kv->head_dim_v;
+    if (be->compute != CU_COMPUTE_BF16 || (kv->dtype != BERTH_DTYPE_BF16 && kv->dtype != BERTH_DTYPE_F16))
+        return BERTH_OK;
+    if (T != p->n_seqs || T <= 0 || H <= 0 || kv->n_kv_heads <= 0 || H % kv->n_kv_heads != 0 ||
+        kv->block_size <= 0)
+        return BERTH_OK;
+    if (D <= 0 || DV <= 0 || D % 16 != 0 || DV % 16 != 0 || D > 512 || DV > 512)
+        return BERTH_OK;
+    const int64_t n_rep = H / kv->n_kv_heads;
+    if (n_rep > ADM_HEADS)
+        return BERTH_OK;
+    const bool gate = p->gate.buf != nullptr;
+    if (p->q.dtype != BERTH_DTYPE_F32 || p->out.dtype != BERTH_DTYPE_F32 ||
+        (gate && p->gate.dtype != BERTH_DTYPE_F32))
+        return BERTH_OK;
+    const char *kbase = (const char *)kv->k_buf->ptr + kv->k_offset;
+    const char *vbase = (const char *)kv->v_buf->ptr + kv->v_offset;
+    const uint64_t align = (uintptr_t)kbase | (uintptr_t)vbase | kv->block_stride | kv->token_stride |
+                           kv->head_stride | kv->v_token_stride | kv->v_head_stride;
+    if ((align & 15u) != 0 || !s->att_count)
+        return BERTH_OK;
+
+    const int dp = adm_dp(D > DV ? D : DV), bn = adm_bn(dp);
+    const bool f16 = kv->dtype == BERTH_DTYPE_F16;
+    void (*fn)(const adm_args) = nullptr;
+    switch (dp) {
+    case 64: fn = f16 ? adm_fn<64, true>() : adm_fn<64, false>(); break;
+    case 128: fn = f16 ? adm_fn<128, true>() : adm_fn<128, false>(); break;
+    case 256: fn = f16 ? adm_fn<256, true>() : adm_fn<256, false>(); break;
+    default: fn = f16 ? adm_fn<512, true>() : adm_fn<512, false>(); break;
+    }
+
+    /* Set up once per device at the largest shared memory any call of this instance asks for (a table window of
+     * ADM_KMAX keys at block size 1), so that occupancy is one number per instance. */
+    static adm_cache caches[2][4];
+    int *slot = be->device >= 0 && be->device < ADM_CACHE_DEVICES
+                    ? &caches[f16][dp == 64 ? 0 : dp == 128 ? 1 : dp == 256 ? 2 : 3].bps[be->device]
+                    : nullptr;
+    int bps = slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : 0;
+    const size_t smem_max = adm_smem(dp, ADM_KMAX + 2);
+    if (smem_max > be->smem_optin)
+        return BERTH_OK;
+    if (bps <= 0) {
+        berth_status st = cu_check(be, cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            (int)smem_max),
+                                   "cudaFuncSetAttribute (attn_decode_mma_kernel shared memory)");
+        if (st != BERTH_OK)
+            return st;
+        int b = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, ADM_THREADS, adm_smem(dp, 256 / 16 + 2)) !=
+                cudaSuccess ||
+            b < 1) {
+            (void)cudaGetLastError();
+            b = 1;
+        }
+        bps = b;
+        if (slot)
+            __atomic_store_n(slot, bps, __ATOMIC_RELEASE);
+    }
+
+    int64_t cap = 0;
+    const int64_t kvb = adm_key_bound(be, p, &cap);
+    const int64_t base = (int64_t)p->n_seqs * kv->n_kv_heads;
+    int ns = adm_splits(be, kvb, base, bps, bn);
+    const int ns_ws = adm_splits(be, cap, base, bps, bn); /* the workspace is sized for the capacity bound */
+    if (ns == 0 || ns_ws == 0)
+        return BERTH_OK;
+    if (ns > 1 && base > CU_ATT_COUNTERS)
+        return BERTH_OK; /* more (sequence, KV head) pairs than counters: the other kernels serve it */
+    int64_t per_max = (kvb + ns - 1) / ns;
+    per_max = (per_max + bn - 1) / bn * bn;
+    per_max = per_max > bn ? per_max : bn;
+    if (per_max > ADM_KMAX)
+        return BERTH_OK;
+    const int bt_n = (int)((per_max + kv->block_size - 1) / kv->block_size + 1);
+    const size_t smem = adm_smem(dp, bt_n);
+    const int64_t blocks = (int64_t)ns * base;
+    if (blocks > INT32_MAX)
+        return BERTH_OK;
+
+    adm_args a = {};
+    if (ns_ws > 1 || ns > 1) {
+        const int nsw = ns_ws > ns ? ns_ws : ns;
+        const size_t n_o = (size_t)T * kv->n_kv_heads * nsw * ADM_HEADS * DV;
+        const size_t n_ml = (size_t)T * kv->n_kv_heads * nsw * ADM_HEADS;
+        if ((n_o + 2 * n_ml) * sizeof(float) > ADM_PART_BYTES)
+            return BERTH_OK;
+        void *ws = nullptr;
+        berth_status st = cu_stream_ws(be, s, (n_o + 2 * n_ml) * sizeof(float), &ws);
+        if (st != BERTH_OK)
+            return st;
+        a.part_ml = (float2 *)ws;
+        a.part_o = (float *)ws + 2 * n_ml;
+    }
+    a.q = (const float *)cu_ptr(&p->q);
+    a.q_nb1 = p->q.nb[1];
+    a.q_nb2 = p->q.nb[2];
+    a.out = cu_ptr(&p->out);
+    a.out_nb1 = p->out.nb[1];
+    a.out_nb2 = p->out.nb[2];
+    a.gate = gate ? cu_ptr(&p->gate) : nullptr;
+    a.gate_nb1 = gate ? p->gate.nb[1] : 0;
+    a.gate_nb2 = gate ? p->gate.nb[2] : 0;
+    a.positions = (const int32_t *)cu_ptr(&p->positions);
+    a.seq_q_start = (const int32_t *)cu_ptr(&p->seq_q_start);
+    a.seq_kv_len = (const int32_t *)cu_ptr(&p->seq_kv_len);
+    a.block_table = (const int32_t *)cu_ptr(&p->block_table);
+    a.bt_stride = p->block_table.nb[1] / (int64_t)sizeof(int32_t);
+    a.bt_width = (int32_t)(p->block_table.ne[0] < INT32_MAX ? p->block_table.ne[0] : INT32_MAX);
+    a.kbase = kbase;
+    a.vbase = vbase;
+    a.block_stride = (int64_t)kv->block_stride;
+    a.token_stride = (int64_t)kv->token_stride;
+    a.head_stride = (int64_t)kv->head_stride;
+    a.v_token_stride = (int64_t)kv->v_token_stride;
+    a.v_head_stride = (int64_t)kv->v_head_stride;
+    a.block_size = kv->block_size;
+    a.bs_shift = -1;
+    for (int sh = 0; sh < 31; sh++)
+        if (kv->block_size == 1 << sh)
+            a.bs_shift = sh;
+    a.n_blocks = kv->n_blocks;
+    a.D = D;
+    a.DV = DV;
+    a.n_rep = (int32_t)n_rep;
+    a.n_kv_heads = kv->n_kv_heads;
+    a.T = (int32_t)T;
+    a.mask = p->mask;
+    a.window = p->mask == BERTH_MASK_CAUSAL ? p->window : 0;
+    a.scale = p->scale;
+    a.softcap = p->softcap;
+    a.sl2 = p->scale * 1.4426950408889634f;
+    a.ns = ns;
+    a.per_max = (int32_t)per_max;
+    a.bt_n = bt_n;
+    a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
+    a.count = s->att_count;
+    const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
+                                     "attn_decode_mma_kernel");
+    if (st == BERTH_OK)
+        *ran = true;
+    return st;
+}
