@@ -76,6 +76,7 @@ report_err() {
 # COMMIT wins when set: the lent GPU machine's copy of the tree may carry a stale .git (tools/gpu_run.sh sets it
 # from the commit the carried build was made from).
 commit=${COMMIT:-}
+[ -z "$commit" ] && [ -s .devcarry/COMMIT ] && commit=$(cat .devcarry/COMMIT) # tools/gpu_prepare.sh wrote it
 if [ -z "$commit" ]; then
     commit=$(git rev-parse --short HEAD 2>/dev/null || true)
     if [ -n "$commit" ]; then

@@ -86,6 +86,7 @@ struct adc_args {
     int32_t mask, window;
     float scale, softcap;
     int32_t vec, q_vec; /* K/V rows (q rows) 16-byte aligned */
+    int32_t late;       /* PDL trigger after the key loop instead of at the start (BERTH_CUDA_ATT_TRIGGER=late) */
     /* launch shape */
     int32_t cs, hg;     /* blocks per cluster, head groups per KV head */
     int32_t ring;       /* key slots per warp (a multiple of ADC_KB, <= ADC_RING_MAX) */
@@ -345,7 +346,8 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
     __shared__ float rw_s[NRW][ADC_MAX_CS];                  /* the ranks' weights */
     __shared__ float rli_s[NRW];                             /* 1 / total sum (0: no key) */
 
-    cu_pdl_trigger();
+    if (!a.late)
+        cu_pdl_trigger();
     const bool clu = a.cs > 1;
     if (clu)
         adc_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
@@ -589,6 +591,8 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
         }
         adc_cp_wait<0>();
         __syncwarp(); /* every copy of the warp has landed: its ring becomes its partial */
+        if (a.late) /* the next kernel's early loads no longer compete with this one's */
+            cu_pdl_trigger();
 
         /* M1: the warp's partial: (max, sum) per head, O (unnormalised, relative to its max) [NRW][DP] */
         float *wo = (float *)region;
@@ -1086,6 +1090,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
                            kv->head_stride | kv->v_token_stride | kv->v_head_stride;
     a.vec = (align & 15u) == 0;
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
+    a.late = be->att_late_trigger;
     a.cs = pl.cs;
     a.hg = pl.hg;
     a.ring = pl.ring;

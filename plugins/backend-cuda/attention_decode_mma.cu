@@ -96,6 +96,7 @@ struct adm_args {
     float *part_o;             /* [T][n_kv_heads][ns][8][DV] unnormalised outputs (ns > 1) */
     float2 *part_ml;           /* [T][n_kv_heads][ns][8] (max in log2 units, sum) */
     unsigned int *count;       /* [n_seqs * n_kv_heads] arrival counters, 0 between kernels (ns > 1) */
+    int32_t late;              /* PDL trigger after the key loop (BERTH_CUDA_ATT_TRIGGER=late) */
 };
 
 __device__ __forceinline__ float adm_exp2(float x)
@@ -216,7 +217,8 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     __shared__ float alpha_s[H];
     __shared__ float2 ml_s[H];
 
-    cu_pdl_trigger();
+    if (!a.late)
+        cu_pdl_trigger();
     cu_pdl_wait();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -397,6 +399,8 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
             }
         }
         cu_cp_wait<0>();
+        if (a.late) /* the next kernel's early loads no longer compete with this one's */
+            cu_pdl_trigger();
 
         /* this split's result for row t: the output itself (one split) or its partial */
         if (sub == 0)
@@ -729,6 +733,7 @@ berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const b
     a.bt_n = bt_n;
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
     a.count = s->att_count;
+    a.late = be->att_late_trigger;
     const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                      "attn_decode_mma_kernel");
     if (st == BERTH_OK)
