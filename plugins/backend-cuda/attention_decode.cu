@@ -37,6 +37,16 @@
  * the remote stores; read the local partials; for another row, arrive.relaxed again. A block never touches
  * another's shared memory after the second barrier, so blocks exit independently.
  *
+ * Reads before the PDL wait (be->att_prewait, default on; BERTH_CUDA_ATT_PREWAIT=0 turns it off): the sequence
+ * metadata, the block-table row and the K/V of every key older than the call's own rows are read (copied) while
+ * the previous kernel still runs; q and the newest keys (from seq_kv_len - rows of the sequence on: what this
+ * batch's kv_append wrote) only after the wait. That departs from cuda_launch.cuh's rule (read nothing an earlier
+ * kernel may write before the wait) on two assumptions about the host, both true of berth's runner: (1) the
+ * metadata arrays and the older keys were written before the last full stream dependency (a copy, an event wait
+ * or a graph launch boundary: every runner step starts by uploading its metadata with a copy, and copy-on-write
+ * block copies are copies), so no kernel still in flight writes them; (2) within a step the pool is written only
+ * by kv_append of the batch's own rows. attention_decode_mma.cu follows the same rule.
+ *
  * Robustness as attention.cu (metadata is device data, never read back): a sequence whose seq_q_start range is
  * not inside [0, T] is skipped, seq_kv_len is clamped to the block table's row, a key whose block-table entry is
  * not a block of the pool is skipped (never dereferenced: score -inf, no V), rows that see no key write zeros.
@@ -87,6 +97,7 @@ struct adc_args {
     float scale, softcap;
     int32_t vec, q_vec; /* K/V rows (q rows) 16-byte aligned */
     int32_t late;       /* PDL trigger after the key loop instead of at the start (BERTH_CUDA_ATT_TRIGGER=late) */
+    int32_t prewait;    /* metadata, block table and the K/V of earlier steps' keys before the PDL wait (see top) */
     /* launch shape */
     int32_t cs, hg;     /* blocks per cluster, head groups per KV head */
     int32_t ring;       /* key slots per warp (a multiple of ADC_KB, <= ADC_RING_MAX) */
@@ -351,7 +362,9 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
     const bool clu = a.cs > 1;
     if (clu)
         adc_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
-    cu_pdl_wait();
+    bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
+    if (waited)
+        cu_pdl_wait();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned bx = blockIdx.x, ucs = (unsigned)a.cs;
@@ -385,9 +398,12 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
     const int nrv = NRW < a.n_rep - hg * NRW ? NRW : a.n_rep - hg * NRW; /* real heads of this group */
     const int h0 = g * a.n_rep + hg * NRW;                                /* its first query head */
     float q[NRW][E];
-    adc_load_q<E, NRW, CE, NC>(a, seq, h0, nrv, lane, q);
+    if (waited)
+        adc_load_q<E, NRW, CE, NC>(a, seq, h0, nrv, lane, q);
     __syncthreads(); /* bt_s */
     if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of the cluster */
+        if (!waited)
+            cu_pdl_wait();
         if (clu)
             adc_cluster_wait();
         return;
@@ -416,9 +432,12 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
     const int rb = a.ring / KB; /* batch slots of the ring */
     float *recv = (float *)(adc_smem + a.recv_off); /* [cs][NRW][per]: the ranks' partials of my columns */
 
+    /* Keys from safe_hi on were appended by this batch (kv_append, the kernel before): before the PDL wait they
+     * are not copied (deferred), everything older may be. */
+    const int32_t safe_hi = kv_len - (q1 - q0);
     for (int32_t t = q0; t < q1; t++) {
         const int32_t pos = t == seq ? pos_seq : a.positions[t];
-        if (t != seq)
+        if (waited && t != seq)
             adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
         int32_t lo, hi;
         cu_attn_row_range(a.mask, a.window, pos, kv_len, &lo, &hi);
@@ -429,7 +448,9 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
 
         /* Batch b (keys b * KB .. of this warp) into ring batch slot st: each lane copies its own chunks. */
         uint32_t vmask = 0; /* bit st * KB + kb: that slot holds a present key */
-        auto issue = [&](int32_t b, int st) {
+        uint32_t defer = 0; /* bit st * KB + kb: present, copy deferred until after the PDL wait */
+        /* only_deferred: copy just the deferred keys of the batch */
+        auto issue = [&](int32_t b, int st, bool only_deferred) {
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
                 const int32_t i = b * KB + kb;
@@ -442,7 +463,16 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                     const int32_t off = j - blk * a.block_size;
                     const int32_t e = blk < a.bt_n ? bt_s[blk] : bt[blk];
                     present = e >= 0 && e < a.n_blocks;
-                    if (present) {
+                    const uint32_t sbit = 1u << slot;
+                    bool copy = present;
+                    if (only_deferred) {
+                        copy = (defer & sbit) != 0;
+                        defer &= ~sbit;
+                    } else if (present && !waited && j >= safe_hi) {
+                        copy = false;
+                        defer |= sbit;
+                    }
+                    if (copy) {
                         const int64_t boff = (int64_t)e * a.block_stride;
                         const char *kp = a.kbase + boff + (int64_t)off * a.token_stride + kdim;
                         const char *vp = a.vbase + boff + (int64_t)off * a.v_token_stride + vdim;
@@ -461,8 +491,10 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                         }
                     }
                 }
-                const uint32_t bit = 1u << slot;
-                vmask = present ? vmask | bit : vmask & ~bit;
+                if (!only_deferred) {
+                    const uint32_t bit = 1u << slot;
+                    vmask = present ? vmask | bit : vmask & ~bit;
+                }
             }
             adc_cp_commit(); /* one group per batch, maybe empty: the wait counts stay exact */
         };
@@ -471,7 +503,17 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
         {
             const int32_t pre = nbat < rb ? nbat : rb;
             for (; issued < pre; issued++)
-                issue(issued, issued);
+                issue(issued, issued, false);
+        }
+        if (!waited) { /* the first row: its older keys are in flight; now what the previous kernel wrote */
+            cu_pdl_wait();
+            waited = true;
+            adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
+            if (__any_sync(0xffffffffu, defer != 0)) {
+                for (int32_t b = 0; b < issued; b++)
+                    issue(b, b, true);
+                adc_cp_wait<0>(); /* the extra groups came last: let every batch land before the loop */
+            }
         }
 
         float m = -INFINITY, l = 0.0f; /* online softmax of head r_own */
@@ -584,7 +626,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                 __syncwarp(); /* pw_s / alw_s are rewritten by the next batch */
             /* the batch slot is free (each lane read only what it copied): the next batch goes there */
             if (issued < nbat) {
-                issue(issued, st);
+                issue(issued, st, false);
                 issued++;
             }
             st = st + 1 == rb ? 0 : st + 1;
@@ -1091,6 +1133,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.vec = (align & 15u) == 0;
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     a.late = be->att_late_trigger;
+    a.prewait = be->att_prewait;
     a.cs = pl.cs;
     a.hg = pl.hg;
     a.ring = pl.ring;

@@ -97,6 +97,7 @@ struct adm_args {
     float2 *part_ml;           /* [T][n_kv_heads][ns][8] (max in log2 units, sum) */
     unsigned int *count;       /* [n_seqs * n_kv_heads] arrival counters, 0 between kernels (ns > 1) */
     int32_t late;              /* PDL trigger after the key loop (BERTH_CUDA_ATT_TRIGGER=late) */
+    int32_t prewait;           /* metadata, block table and older keys' K/V before the PDL wait (attention_decode.cu) */
 };
 
 __device__ __forceinline__ float adm_exp2(float x)
@@ -138,11 +139,12 @@ __device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
     return a.bs_shift >= 0 ? j >> a.bs_shift : j / a.block_size;
 }
 
-/* The 16-byte pieces of keys [k0 + BN * tile, + BN) of K and V into stage st; zero-filled for keys past k1, keys
- * whose block is not in the pool and head dims past D / DV. */
+/* The 16-byte pieces of keys [kt0, kt0 + BN) of K and V into stage st; zero-filled for keys past k1, keys whose
+ * block is not in the pool and head dims past D / DV. Only keys j in [jlo, jhi) are touched. */
 template <int DP>
 __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
-                                          int32_t kt0, int32_t k1, int g, int st)
+                                          int32_t kt0, int32_t k1, int g, int st, int32_t jlo = INT32_MIN,
+                                          int32_t jhi = INT32_MAX)
 {
     using C = adm_cfg<DP>;
     constexpr int CPR = DP / 8; /* pieces per row */
@@ -152,6 +154,8 @@ __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, 
     for (int c = threadIdx.x; c < C::BN * CPR; c += ADM_THREADS) {
         const int r = c / CPR, ch = c % CPR;
         const int32_t j = kt0 + r;
+        if (j < jlo || j >= jhi) /* another call copies this key (before / after the PDL wait) */
+            continue;
         const char *ks = a.kbase, *vs = a.vbase;
         bool ok = j < k1;
         if (ok) {
@@ -219,7 +223,9 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
 
     if (!a.late)
         cu_pdl_trigger();
-    cu_pdl_wait();
+    bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
+    if (waited)
+        cu_pdl_wait();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned bx = blockIdx.x;
@@ -228,8 +234,11 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     const int g = (int)(rest % (unsigned)a.n_kv_heads);
     const int seq = (int)(rest / (unsigned)a.n_kv_heads);
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
-    if (q0 < 0 || q1 < q0 || q1 > a.T) /* the same in every block of this (sequence, KV head): none arrives */
+    if (q0 < 0 || q1 < q0 || q1 > a.T) { /* the same in every block of this (sequence, KV head): none arrives */
+        if (!waited)
+            cu_pdl_wait();
         return;
+    }
     int32_t kv_len;
     {
         const int64_t cap = (int64_t)a.bt_width * a.block_size;
@@ -260,12 +269,26 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
                 bt_s[i] = e0 + i < a.bt_width ? bt[e0 + i] : -1;
         }
         __syncthreads();
+        /* Before the PDL wait only keys of earlier steps: this batch appended keys safe_hi .. (kv_append, the
+         * kernel before); those are copied after the wait. */
+        const int32_t safe_hi = waited ? INT32_MAX : kv_len - (q1 - q0);
         if (ntiles > 0)
-            adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0);
+            adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0, INT32_MIN, safe_hi);
         cu_cp_commit();
         if (ntiles > 1)
-            adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1);
+            adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1, INT32_MIN, safe_hi);
         cu_cp_commit();
+        if (!waited) {
+            cu_pdl_wait();
+            waited = true;
+            if (ntiles > 0 && k1 > safe_hi && k0 + 2 * BN > safe_hi) { /* the same in the whole block */
+                adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0, safe_hi);
+                if (ntiles > 1)
+                    adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1, safe_hi);
+                cu_cp_commit();
+                cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
+            }
+        }
         {
             float x[DP / 32][2];
 #pragma unroll
@@ -734,6 +757,7 @@ berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const b
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
     a.count = s->att_count;
     a.late = be->att_late_trigger;
+    a.prewait = be->att_prewait;
     const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                      "attn_decode_mma_kernel");
     if (st == BERTH_OK)
