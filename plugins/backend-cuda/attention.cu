@@ -48,6 +48,8 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
 /* attention_decode_mma.cu: the tensor-core decode kernel (BF16 compute mode, bf16/f16 cache; *ran false: not
  * covered, nothing enqueued). */
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+/* ... and the workspace a capture of the call would need from it (eager calls; nothing enqueued). */
+berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s, const berth_attention_params *p);
 
 // ---------------------------------------------------------------------------------------------------------------
 // Shared definitions.
@@ -1870,6 +1872,8 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
         berth_status dst = BERTH_OK;
         if (be->att_decode == CU_ATT_DECODE_MMA && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
                                                     dec_ran))
+            return dst;
+        if (be->att_decode == CU_ATT_DECODE_AUTO && (dst = cu_attention_decode_mma_reserve(be, s, p)) != BERTH_OK)
             return dst;
         if ((dst = cu_attention_decode_fast(be, s, p, &dec_ran)) != BERTH_OK || dec_ran)
             return dst;

@@ -41,11 +41,15 @@
  * metadata, the block-table row and the K/V of every key older than the call's own rows are read (copied) while
  * the previous kernel still runs; q and the newest keys (from seq_kv_len - rows of the sequence on: what this
  * batch's kv_append wrote) only after the wait. That departs from cuda_launch.cuh's rule (read nothing an earlier
- * kernel may write before the wait) on two assumptions about the host, both true of berth's runner: (1) the
- * metadata arrays and the older keys were written before the last full stream dependency (a copy, an event wait
- * or a graph launch boundary: every runner step starts by uploading its metadata with a copy, and copy-on-write
- * block copies are copies), so no kernel still in flight writes them; (2) within a step the pool is written only
- * by kv_append of the batch's own rows. attention_decode_mma.cu follows the same rule.
+ * kernel may write before the wait) on two assumptions, both true of berth's runner and models: (1) the metadata
+ * arrays and the keys of earlier forwards were written before the last full stream dependency (a copy, an event
+ * wait or a graph launch boundary: every runner step starts by uploading its metadata with a copy, and
+ * copy-on-write block copies are copies), so no kernel still in flight writes them; (2) a forward writes a
+ * sequence's keys only at its own rows — true of causal self-attention, where a forward appends exactly the
+ * tokens it processes, so only causal calls do it (cross-attention, MASK_NONE, may append a whole encoder
+ * sequence in the forward that first reads it). A host that computes metadata on the device, or runs forwards
+ * back to back with no copy between them, must set BERTH_CUDA_ATT_PREWAIT=0. attention_decode_mma.cu follows
+ * the same rule.
  *
  * Robustness as attention.cu (metadata is device data, never read back): a sequence whose seq_q_start range is
  * not inside [0, T] is skipped, seq_kv_len is clamped to the block table's row, a key whose block-table entry is
@@ -891,52 +895,6 @@ static berth_status adc_setup(berth_backend *be, cudaStream_t stream, const adc_
     return BERTH_OK;
 }
 
-/* kernel<<<grid, ADC_THREADS, smem>>> in clusters of cs blocks (cs > 1), with PDL when enabled (as cu_launch:
- * a refused PDL launch is retried without it, and PDL is then off for the backend). */
-static cudaError_t adc_launch(berth_backend *be, cudaStream_t cs_, unsigned grid, int cs, size_t smem,
-                              void (*fn)(const adc_args), const adc_args &a)
-{
-    cudaLaunchAttribute attr[2] = {};
-    unsigned n = 0;
-    if (cs > 1) {
-        attr[n].id = cudaLaunchAttributeClusterDimension;
-        attr[n].val.clusterDim.x = (unsigned)cs;
-        attr[n].val.clusterDim.y = 1;
-        attr[n].val.clusterDim.z = 1;
-        n++;
-    }
-    const unsigned plain_n = n;
-    if (cu_pdl_enabled(be)) {
-        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[n].val.programmaticStreamSerializationAllowed = 1;
-        n++;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(ADC_THREADS);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = cs_;
-    cfg.attrs = attr;
-    cfg.numAttrs = n;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, a);
-    if (e == cudaSuccess || n == plain_n)
-        return e;
-    (void)cudaGetLastError();
-    cfg.numAttrs = plain_n;
-    const cudaError_t plain = cudaLaunchKernelEx(&cfg, fn, a);
-    if (plain == cudaSuccess) {
-        be->pdl = CU_PDL_OFF;
-        if (be->host && be->host->log) {
-            char msg[256];
-            snprintf(msg, sizeof msg,
-                     "cuda device %d: a launch with programmatic dependent launch failed (%s); launching without it",
-                     be->device, cudaGetErrorName(e));
-            be->host->log(be->host->ctx, BERTH_LOG_WARN, msg);
-        }
-    }
-    return plain;
-}
-
 static int64_t adc_cdiv(int64_t a, int64_t b)
 {
     return (a + b - 1) / b;
@@ -1133,7 +1091,9 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.vec = (align & 15u) == 0;
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     a.late = be->att_late_trigger;
-    a.prewait = be->att_prewait;
+    /* causal self-attention only: there a forward appends exactly the batch's own rows; cross-attention (MASK_NONE)
+     * may append the whole encoder sequence in the same forward */
+    a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL;
     a.cs = pl.cs;
     a.hg = pl.hg;
     a.ring = pl.ring;
@@ -1143,7 +1103,11 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.bt_off = (uint32_t)pl.bt_off;
     a.recv_off = (uint32_t)pl.recv_off;
 
-    st = cu_check(be, adc_launch(be, s->cs, (unsigned)blocks, pl.cs, pl.smem, k.fn, a), "attn_decode_cluster_kernel");
+    /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */
+    const dim3 cluster(pl.cs > 1 ? (unsigned)pl.cs : 1u, 1, 1);
+    st = cu_check(be,
+                  cu_launch_cluster(be, s->cs, dim3((unsigned)blocks), dim3(ADC_THREADS), pl.smem, cluster, k.fn, a),
+                  "attn_decode_cluster_kernel");
     if (st == BERTH_OK)
         *ran = true;
     return st;

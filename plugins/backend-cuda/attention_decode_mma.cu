@@ -46,6 +46,7 @@
 #include <string.h>
 
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s, const berth_attention_params *p);
 
 #define ADM_THREADS 128
 #define ADM_HEADS 8              /* query heads per KV head the MMA's N covers (fewer: zero rows of q) */
@@ -140,7 +141,7 @@ __device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
 }
 
 /* The 16-byte pieces of keys [kt0, kt0 + BN) of K and V into stage st; zero-filled for keys past k1, keys whose
- * block is not in the pool and head dims past D / DV. Only keys j in [jlo, jhi) are touched. */
+ * block is not in the pool and head dims past D / DV. Keys below k1 outside [jlo, jhi) are left alone. */
 template <int DP>
 __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
                                           int32_t kt0, int32_t k1, int g, int st, int32_t jlo = INT32_MIN,
@@ -154,7 +155,8 @@ __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, 
     for (int c = threadIdx.x; c < C::BN * CPR; c += ADM_THREADS) {
         const int r = c / CPR, ch = c % CPR;
         const int32_t j = kt0 + r;
-        if (j < jlo || j >= jhi) /* another call copies this key (before / after the PDL wait) */
+        if (j < k1 && (j < jlo || j >= jhi)) /* another call copies this key (before / after the PDL wait); keys past
+                                              * k1 are zero-filled by every call (zeros either way) */
             continue;
         const char *ks = a.kbase, *vs = a.vbase;
         bool ok = j < k1;
@@ -234,7 +236,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     const int g = (int)(rest % (unsigned)a.n_kv_heads);
     const int seq = (int)(rest / (unsigned)a.n_kv_heads);
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
-    if (q0 < 0 || q1 < q0 || q1 > a.T) { /* the same in every block of this (sequence, KV head): none arrives */
+    if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of this (sequence, KV head): none arrives */
         if (!waited)
             cu_pdl_wait();
         return;
@@ -614,7 +616,9 @@ static int adm_splits(const berth_backend *be, int64_t kvb, int64_t base, int bp
     return ns < 1 ? 1 : (int)ns;
 }
 
-berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
+/* The call, or with reserve_only just the workspace a capture of it would need (nothing enqueued). */
+static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran,
+                            bool reserve_only)
 {
     *ran = false;
     const berth_kv_view *kv = &p->kv;
@@ -684,6 +688,11 @@ berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const b
     const int64_t base = (int64_t)p->n_seqs * kv->n_kv_heads;
     int ns = adm_splits(be, kvb, base, bps, bn);
     const int ns_ws = adm_splits(be, cap, base, bps, bn); /* the workspace is sized for the capacity bound */
+    if (reserve_only) { /* the capture sizes by the table's capacity: reserve that now (no growth while capturing) */
+        ns = ns_ws;
+        if (ns == 0 || (ns > 1 && base > CU_ATT_COUNTERS))
+            return BERTH_OK;
+    }
     if (ns == 0 || ns_ws == 0)
         return BERTH_OK;
     if (ns > 1 && base > CU_ATT_COUNTERS)
@@ -713,6 +722,8 @@ berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const b
         a.part_ml = (float2 *)ws;
         a.part_o = (float *)ws + 2 * n_ml;
     }
+    if (reserve_only)
+        return BERTH_OK;
     a.q = (const float *)cu_ptr(&p->q);
     a.q_nb1 = p->q.nb[1];
     a.q_nb2 = p->q.nb[2];
@@ -757,10 +768,24 @@ berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const b
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
     a.count = s->att_count;
     a.late = be->att_late_trigger;
-    a.prewait = be->att_prewait;
+    a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
     const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                      "attn_decode_mma_kernel");
     if (st == BERTH_OK)
         *ran = true;
     return st;
+}
+
+berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
+{
+    return adm_run(be, s, p, ran, false);
+}
+
+/* In eager calls that another decode kernel serves: grow the stream's workspace now to what this kernel would need
+ * if a graph capture of the same call chose it (the capture sizes from the block table's capacity, where the
+ * cluster kernel may decline; growing during a capture fails and turns the runner's graphs off). */
+berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s, const berth_attention_params *p)
+{
+    bool ran = false;
+    return be->capturing ? BERTH_OK : adm_run(be, s, p, &ran, true);
 }

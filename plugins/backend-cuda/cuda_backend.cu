@@ -350,9 +350,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     if (const char *pw = getenv("BERTH_CUDA_ATT_PREWAIT")) { /* a measurement switch (docs/config.md) */
         if (strcmp(pw, "0") == 0)
             be->att_prewait = 0;
-        else if (strcmp(pw, "1") == 0)
-            be->att_prewait = 1;
-        else if (strcmp(pw, "0") != 0 && *pw != '\0')
+        else if (strcmp(pw, "1") != 0 && *pw != '\0')
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_PREWAIT='%s' ignored: 0 or 1 is expected", pw);
     }
     be->gemv_mode = CU_GEMV_NEW;

@@ -105,7 +105,7 @@ struct berth_backend {
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
-    int att_prewait;            /* the cluster decode kernel reads metadata and older keys' K/V before its PDL wait
+    int att_prewait;            /* the decode attention kernels read metadata and older keys' K/V before their PDL wait
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */

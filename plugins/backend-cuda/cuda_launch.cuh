@@ -76,27 +76,41 @@ static inline bool cu_pdl_enabled(berth_backend *be)
     return be->pdl == CU_PDL_ON;
 }
 
-/* kernel<<<grid, block, smem, cs>>>(args...), with PDL when enabled. Returns the launch's error (callers pass it
- * to cu_check with the kernel's name). */
+/* kernel<<<grid, block, smem, cs>>>(args...) in clusters of cluster blocks (cudaLaunchAttributeClusterDimension,
+ * only when a dimension of cluster is > 1), with PDL when enabled. A refused PDL launch is retried with the
+ * cluster attribute alone, and PDL is then off for the backend with a warning in the log. Returns the launch's
+ * error (callers pass it to cu_check with the kernel's name). */
 template <typename... KArgs, typename... Args>
-static cudaError_t cu_launch(berth_backend *be, cudaStream_t cs, dim3 grid, dim3 block, size_t smem,
-                             void (*kernel)(KArgs...), const Args &...args)
+static cudaError_t cu_launch_cluster(berth_backend *be, cudaStream_t cs, dim3 grid, dim3 block, size_t smem,
+                                     dim3 cluster, void (*kernel)(KArgs...), const Args &...args)
 {
-    cudaLaunchAttribute attr[1] = {};
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2] = {};
+    unsigned n = 0;
+    if (cluster.x > 1 || cluster.y > 1 || cluster.z > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster.x;
+        attr[n].val.clusterDim.y = cluster.y;
+        attr[n].val.clusterDim.z = cluster.z;
+        n++;
+    }
+    const unsigned plain_n = n; /* the attributes of a launch without PDL */
+    if (cu_pdl_enabled(be)) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n].val.programmaticStreamSerializationAllowed = 1;
+        n++;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = cs;
     cfg.attrs = attr;
-    cfg.numAttrs = cu_pdl_enabled(be) ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
-    if (e == cudaSuccess || cfg.numAttrs == 0)
+    cfg.numAttrs = n;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e == cudaSuccess || n == plain_n)
         return e;
-    (void)cudaGetLastError(); /* not sticky (a refused attribute): try the plain launch */
-    cfg.numAttrs = 0;
+    (void)cudaGetLastError(); /* not sticky (a refused attribute): try without PDL */
+    cfg.numAttrs = plain_n;
     const cudaError_t plain = cudaLaunchKernelEx(&cfg, kernel, args...);
     if (plain == cudaSuccess) {
         be->pdl = CU_PDL_OFF;
@@ -109,6 +123,14 @@ static cudaError_t cu_launch(berth_backend *be, cudaStream_t cs, dim3 grid, dim3
         }
     }
     return plain;
+}
+
+/* kernel<<<grid, block, smem, cs>>>(args...), with PDL when enabled (cu_launch_cluster without clusters). */
+template <typename... KArgs, typename... Args>
+static cudaError_t cu_launch(berth_backend *be, cudaStream_t cs, dim3 grid, dim3 block, size_t smem,
+                             void (*kernel)(KArgs...), const Args &...args)
+{
+    return cu_launch_cluster(be, cs, grid, block, smem, dim3(1, 1, 1), kernel, args...);
 }
 
 #endif

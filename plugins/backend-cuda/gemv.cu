@@ -120,6 +120,40 @@ static __device__ __forceinline__ void gv_store(const cu_gemv1_args &a, int64_t 
     a.y[n] = v;
 }
 
+/* The end of both kernels, for thread t of team `team` (outputs from n0; active: n0 < N): the partial row sums
+ * s0, s1 of the team's threads are added up (through red when the team spans several warps: every thread of the
+ * block comes here, for the __syncthreads), the team's first RO threads store its outputs, and YN instances
+ * finish the trailing norm (gemv_norm.cuh). */
+template <int TPR, int GLU, bool YN>
+static __device__ __forceinline__ void gv_finish(const cu_gemv1_args &a, float (&red)[GV_THREADS / 32][2], int t,
+                                                 int team, int64_t n0, bool active, float s0, float s1)
+{
+    constexpr int RO = GLU == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
+    s0 = cu_warp_sum(s0);
+    s1 = cu_warp_sum(s1);
+    if constexpr (TPR > 32) { /* the team spans several warps: add their sums through shared memory */
+        constexpr int WPT = TPR / 32;
+        const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
+        if (lane == 0) {
+            red[warp][0] = s0;
+            red[warp][1] = s1;
+        }
+        __syncthreads();
+        if (t < RO) {
+            s0 = s1 = 0.0f;
+#pragma unroll
+            for (int q = 0; q < WPT; q++) {
+                s0 += red[team * WPT + q][0];
+                s1 += red[team * WPT + q][1];
+            }
+        }
+    }
+    if (active && t < RO)
+        gv_store<GLU>(a, n0, t, s0, s1);
+    if constexpr (YN) /* the trailing norm (gemv_norm.cuh) */
+        cu_ynorm_finish(a.yn);
+}
+
 /* A team of TPR threads computes one row pair: outputs n0, n0 + 1 (rows n0, n0 + 1 of w), or with HALVES output
  * n0 from gate row n0 and up row N + n0. Thread t takes chunks t, t + TPR, ... of both rows. */
 template <int WDT, int TPR, int GLU, bool YN>
@@ -191,29 +225,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
             s1 = gv_dot<WDT, E>(q1[u], xv, s1);
         }
 
-    s0 = cu_warp_sum(s0);
-    s1 = cu_warp_sum(s1);
-    if constexpr (TPR > 32) { /* the team spans several warps: add their sums through shared memory */
-        constexpr int WPT = TPR / 32;
-        const int lane = (int)threadIdx.x & 31, warp = (int)threadIdx.x >> 5;
-        if (lane == 0) {
-            red[warp][0] = s0;
-            red[warp][1] = s1;
-        }
-        __syncthreads();
-        if (t < RO) {
-            s0 = s1 = 0.0f;
-#pragma unroll
-            for (int q = 0; q < WPT; q++) {
-                s0 += red[team * WPT + q][0];
-                s1 += red[team * WPT + q][1];
-            }
-        }
-    }
-    if (active && t < RO)
-        gv_store<GLU>(a, n0, t, s0, s1);
-    if constexpr (YN) /* the trailing norm (gemv_norm.cuh) */
-        cu_ynorm_finish(a.yn);
+    gv_finish<TPR, GLU, YN>(a, red, t, team, n0, active, s0, s1);
 }
 
 /* The same product with the weights staged through shared memory by cp.async (BERTH_CUDA_GEMV=async, for A/B
@@ -287,29 +299,7 @@ gv_async_kernel(const cu_gemv1_args a)
         wr = wr + 1 == S ? 0 : wr + 1;
     }
 
-    s0 = cu_warp_sum(s0);
-    s1 = cu_warp_sum(s1);
-    if constexpr (TPR > 32) {
-        constexpr int WPT = TPR / 32;
-        const int lane = tid & 31, warp = tid >> 5;
-        if (lane == 0) {
-            red[warp][0] = s0;
-            red[warp][1] = s1;
-        }
-        __syncthreads();
-        if (t < RO) {
-            s0 = s1 = 0.0f;
-#pragma unroll
-            for (int q = 0; q < WPT; q++) {
-                s0 += red[team * WPT + q][0];
-                s1 += red[team * WPT + q][1];
-            }
-        }
-    }
-    if (active && t < RO)
-        gv_store<GLU>(a, n0, t, s0, s1);
-    if constexpr (YN) /* the trailing norm (gemv_norm.cuh) */
-        cu_ynorm_finish(a.yn);
+    gv_finish<TPR, GLU, YN>(a, red, t, team, n0, active, s0, s1);
 }
 
 /* YN: the kernel also finishes the trailing norm a.yn (gemv_norm.cuh); instances without it carry no code for

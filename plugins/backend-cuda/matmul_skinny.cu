@@ -678,33 +678,6 @@ static bool sk_clusters_fit(const sk_plan &pl)
     return n > 0 && (int64_t)n >= pl.blocks / pl.splits;
 }
 
-/* The kernel as one launch: a cluster (1, splits, 1) when K is split, with PDL as cu_launch does it. */
-static cudaError_t sk_launch(berth_backend *be, cudaStream_t cs, const sk_plan &pl, dim3 grid, const sk_args &a)
-{
-    if (pl.splits <= 1)
-        return cu_launch(be, cs, grid, dim3((unsigned)pl.k.threads), pl.k.smem, pl.k.fn, a);
-    cudaLaunchAttribute attr[2] = {};
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)pl.splits;
-    attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[1].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3((unsigned)pl.k.threads);
-    cfg.dynamicSmemBytes = pl.k.smem;
-    cfg.stream = cs;
-    cfg.attrs = attr;
-    cfg.numAttrs = cu_pdl_enabled(be) ? 2 : 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, pl.k.fn, a);
-    if (e == cudaSuccess || cfg.numAttrs == 1)
-        return e;
-    (void)cudaGetLastError(); /* a refused PDL attribute is not sticky: launch without it (cu_launch logs that) */
-    cfg.numAttrs = 1;
-    return cudaLaunchKernelEx(&cfg, pl.k.fn, a);
-}
-
 /* Runs the matmul (already checked by cu_check_matmul) with the skinny kernel when it applies: BF16 compute mode,
  * be->skinny_min_m <= M <= SK_MAX_M, bf16/f16 w under the layout rules of the top comment, and enough opt-in
  * shared memory. *ran says whether it did; when it did not, nothing was enqueued and the caller takes another
@@ -769,8 +742,9 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.kt_per_split = pl.per;
 
     cudaError_t e = sk_prepare(pl);
-    if (e == cudaSuccess)
-        e = sk_launch(be, s->cs, pl, dim3((unsigned)cb, (unsigned)pl.splits), a);
+    if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
+        e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits), dim3((unsigned)pl.k.threads),
+                              pl.k.smem, dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn, a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
         *ran = true;

@@ -668,6 +668,9 @@ static const struct attn_case cases[] = {
     {"decode-shaped (T == n_seqs): a sequence of 2 rows, one of none, one of 1, window 20",
      BF16, 256, 256, 1, 8, 16, 0, 3, {{2, 50}, {0, 10}, {1, 30}},
      CAUSAL, 20, 1.0f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 0},
+    {"decode-shaped, long rows (splits): a sequence of 2 rows, one of none, one of 1",
+     BF16, 256, 256, 1, 8, 16, 0, 3, {{2, 900}, {0, 10}, {1, 800}},
+     CAUSAL, 0, 1.0f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_UNIT, BF16, HALF, 128, 128, 0},
     /* prefill / mixed shapes of the tensor-core kernel (HX_COMPUTE=bf16; the SIMT kernel's in fp32 mode) */
     {"tc: prefill d256 bf16 rep8 window 512 (does not bite), 200 rows",
      BF16, 256, 256, 1, 8, 16, 0, 1, {{200, 200}},
