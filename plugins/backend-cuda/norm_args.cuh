@@ -29,6 +29,7 @@ struct nm_rms_args {
     /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
     int32_t has_y2, w2dt, w2mode;
     const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
+    int32_t w2_early;  /* fast kernel: w2 may be read before cu_pdl_wait (a weights buffer) */
     cu_rows y2;
 };
 
