@@ -4,9 +4,11 @@
 # carry = ["build-gpu", ".devcarry"] and the command `bash tools/gpu_run.sh tests` (or bench, or shell '...').
 #
 #   tools/gpu_prepare.sh            # BUILD_DIR (default build-gpu) configured --buildtype=release if absent
-#   tools/gpu_prepare.sh --slim     # the same, then move the object folders (*.p) out to BUILD_DIR.objs/: the
-#                                   # carry limit is 64 MiB with the tracked tree (~28 MB) included
-#   tools/gpu_prepare.sh --restore  # move them back (before the next ninja run, so nothing is rebuilt)
+#   tools/gpu_prepare.sh --slim     # the same, then move the object folders (*.p) out to BUILD_DIR.objs/, and
+#                                   # the test executables no GPU-suite test runs (tests.json) to
+#                                   # BUILD_DIR.objs/tests-bin/: the carry limit is 64 MiB with the tracked tree
+#                                   # (~30 MB) included; config files and folders in BUILD_DIR/tests stay
+#   tools/gpu_prepare.sh --restore  # move them back (BEFORE the next ninja run: ninja would rebuild everything)
 #
 # .devcarry/lib: the shared libraries the GPU image has no package for (inih, pcre2, utf8proc, subunit; jansson
 # too, to be safe), copied from this machine (Debian 12: glibc 2.36 <= the GPU image's 2.39, so they load there).
@@ -27,12 +29,35 @@ move_objs() { # FROM TO: every *.p folder under FROM/plugins and FROM/tests to t
     done
     return 0
 }
+gpu_test_bins() { # the basenames of the executables the GPU suite runs (BUILD_DIR/tests.json)
+    python3 -c 'import json, os, sys
+t = json.load(open(sys.argv[1]))
+print(" ".join(sorted({os.path.basename(x["cmd"][0]) for x in t if any("gpu" in s for s in x["suite"])})))' "$1/tests.json"
+}
+move_test_bins() { # BUILD OBJS: executables in BUILD/tests that no GPU test runs, to OBJS/tests-bin
+    keep=" $(gpu_test_bins "$1") "
+    mkdir -p "$2/tests-bin"
+    for f in "$1"/tests/*; do
+        [ -f "$f" ] && [ -x "$f" ] || continue
+        case "$keep" in *" $(basename "$f") "*) ;; *) mv "$f" "$2/tests-bin/" ;; esac
+    done
+}
 if [ "${1:-}" = --restore ]; then
+    if [ -d "$objs/tests-bin" ]; then
+        mv "$objs"/tests-bin/* "$build/tests/" 2>/dev/null || true
+        rm -rf "$objs/tests-bin"
+    fi
     [ -d "$objs" ] && move_objs "$objs" "$build" && rm -rf "$objs"
     echo "gpu_prepare: object folders back in $build"
     exit 0
 fi
-[ -d "$objs" ] && move_objs "$objs" "$build" && rm -rf "$objs" # a previous --slim: back before building
+if [ -d "$objs" ]; then # a previous --slim: back before building
+    if [ -d "$objs/tests-bin" ]; then
+        mv "$objs"/tests-bin/* "$build/tests/" 2>/dev/null || true
+        rm -rf "$objs/tests-bin"
+    fi
+    move_objs "$objs" "$build" && rm -rf "$objs"
+fi
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 ninja -C "$build"
@@ -46,7 +71,8 @@ commit=$(git rev-parse --short HEAD)
 printf '%s' "$commit" > .devcarry/COMMIT
 if [ "${1:-}" = --slim ]; then
     move_objs "$build" "$objs"
-    echo "gpu_prepare: object folders moved to $objs (tools/gpu_prepare.sh --restore brings them back)"
+    move_test_bins "$build" "$objs"
+    echo "gpu_prepare: object folders and non-GPU test executables moved to $objs (--restore brings them back)"
 fi
 du -sh "$build" .devcarry
 echo "gpu_prepare: $build and .devcarry ready (commit $commit)"
