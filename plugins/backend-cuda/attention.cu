@@ -35,6 +35,7 @@
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
+#include "attention_decode_util.cuh"
 #include "cuda_mma.cuh"
 
 #include <inttypes.h>
@@ -145,15 +146,6 @@ __device__ __forceinline__ void att_ld8(const char *p, int nvalid, bool vec, flo
 #pragma unroll
     for (int e = 0; e < 8; e++)
         f[e] = e < nvalid ? cu_ld(p, DT, e) : 0.0f;
-}
-
-/* scale, then softcap (berth/backend.h order; the CPU's expression). */
-__device__ __forceinline__ float att_score(const attn_args &a, float dot)
-{
-    float sc = a.scale * dot;
-    if (a.softcap > 0.0f)
-        sc = a.softcap * tanhf(sc / a.softcap);
-    return sc;
 }
 
 /* Final value of one output element: acc / l (0 when the row saw no key), times sigmoid(gate) when present. */
@@ -436,7 +428,7 @@ __global__ void __launch_bounds__(ATT_PF_THREADS, MINB) attn_prefill_kernel(cons
                 const int kj = tx + 16 * j;
                 const int32_t key = k0 + kj;
                 const bool vis = key >= lo && key < hi && kp_s[kj] != nullptr;
-                sc[i][j] = vis ? att_score(a, sc[i][j]) : -INFINITY;
+                sc[i][j] = vis ? cu_attn_score(a, sc[i][j]) : -INFINITY;
                 mx = fmaxf(mx, sc[i][j]);
             }
 #pragma unroll
@@ -760,7 +752,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
             for (int n = 0; n < 2 * NKC; n++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++)
-                    s[n][e] = att_score(a, s[n][e]);
+                    s[n][e] = cu_attn_score(a, s[n][e]);
                 mxA = fmaxf(mxA, fmaxf(s[n][0], s[n][1]));
                 mxB = fmaxf(mxB, fmaxf(s[n][2], s[n][3]));
             }
@@ -772,7 +764,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
                     const int kt = hw * KW + n * 8 + 2 * cq + (e & 1); /* key within the tile */
                     const int32_t j = k0 + kt;
                     const bool vis = (kval >> kt & 1u) && (e < 2 ? j >= loA && j < hiA : j >= loB && j < hiB);
-                    s[n][e] = vis ? att_score(a, s[n][e]) : -INFINITY;
+                    s[n][e] = vis ? cu_attn_score(a, s[n][e]) : -INFINITY;
                     if (e < 2)
                         mxA = fmaxf(mxA, s[n][e]);
                     else
@@ -965,62 +957,6 @@ struct att_dec_cfg {
     }
 };
 
-/* c ? x : y as one selp: written as a plain ?: on array elements, the compiler may turn it into a select of
- * addresses and move the array to local memory. */
-__device__ __forceinline__ float att_dec_sel(bool c, float x, float y)
-{
-    float r;
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}\n"
-        : "=f"(r)
-        : "f"(x), "f"(y), "r"((int)c));
-    return r;
-}
-
-/* Sum v[0..NR) over the warp; afterwards v[0] of lane L holds the sum of value r = L >> (5 - log2 NR). Step STEP
- * halves the values a lane carries: lanes with bit 16 >> STEP set keep the upper half, the others the lower. (One
- * template per step, so that every loop has a constant trip count and fully unrolls.) */
-template <int NR, int STEP = 0>
-__device__ __forceinline__ void att_reduce_scatter(float v[NR], int lane)
-{
-    if constexpr ((NR >> STEP) > 1) {
-        constexpr int o = 16 >> STEP, half = NR >> (STEP + 1);
-        const bool up = (lane & o) != 0;
-#pragma unroll
-        for (int i = 0; i < half; i++) {
-            const float send = att_dec_sel(up, v[i], v[i + half]);
-            const float keep = att_dec_sel(up, v[i + half], v[i]);
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-        att_reduce_scatter<NR, STEP + 1>(v, lane);
-    } else {
-#pragma unroll
-        for (int o = 16 >> STEP; o > 0; o >>= 1)
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-    }
-}
-
-/* cp.async of PB (8 or 16) bytes, global -> shared; .cg (L2 only) for 16 bytes: K/V are streamed once. */
-template <int PB>
-__device__ __forceinline__ void att_dec_cp_async(uint32_t dst, const void *src)
-{
-    if constexpr (PB == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(PB) : "memory");
-}
-
-__device__ __forceinline__ void att_dec_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-/* Wait until at most N of this thread's most recent copy groups are still pending. */
-template <int N>
-__device__ __forceinline__ void att_dec_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* Barrier of the WT warps of team `team` (ids 1 and 2, immediates: 0 is __syncthreads; at most 2 teams of 2+). */
 template <int WT>
 __device__ __forceinline__ void att_dec_team_bar(int team)
@@ -1047,19 +983,6 @@ __device__ __forceinline__ void att_dec_copy_elems(unsigned char *dst, const cha
     }
 }
 
-/* Two packed 16-bit K/V elements (low half first) widened to fp32 exactly. */
-template <int DT>
-__device__ __forceinline__ void att_dec_widen2(uint32_t w, float *f)
-{
-    if constexpr (DT == BERTH_DTYPE_BF16) {
-        f[0] = __uint_as_float(w << 16);
-        f[1] = __uint_as_float(w & 0xffff0000u);
-    } else {
-        f[0] = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
-        f[1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-    }
-}
-
 /* A lane's slice (E elements) from shared memory, widened to fp32. */
 template <int DT, int NR>
 __device__ __forceinline__ void att_dec_widen(const unsigned char *src, float f[])
@@ -1075,34 +998,16 @@ __device__ __forceinline__ void att_dec_widen(const unsigned char *src, float f[
                 f[c * 4 + 2] = __uint_as_float(u.z);
                 f[c * 4 + 3] = __uint_as_float(u.w);
             } else {
-                att_dec_widen2<DT>(u.x, f + c * 8 + 0);
-                att_dec_widen2<DT>(u.y, f + c * 8 + 2);
-                att_dec_widen2<DT>(u.z, f + c * 8 + 4);
-                att_dec_widen2<DT>(u.w, f + c * 8 + 6);
+                cu_dec_widen2<DT>(u.x, f + c * 8 + 0);
+                cu_dec_widen2<DT>(u.y, f + c * 8 + 2);
+                cu_dec_widen2<DT>(u.z, f + c * 8 + 4);
+                cu_dec_widen2<DT>(u.w, f + c * 8 + 6);
             }
         }
     } else { /* 8 bytes: four 16-bit elements */
         const uint2 u = *(const uint2 *)src;
-        att_dec_widen2<DT>(u.x, f + 0);
-        att_dec_widen2<DT>(u.y, f + 2);
-    }
-}
-
-/* v[0..NR) = src[0..NR) from shared memory (16-byte loads when NR is a multiple of 4; every lane reads the same
- * addresses: broadcasts). */
-template <int NR>
-__device__ __forceinline__ void att_dec_ld_heads(const float *src, float v[NR])
-{
-    if constexpr (NR % 4 == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; r += 4) {
-            const float4 x = *(const float4 *)(src + r);
-            v[r] = x.x, v[r + 1] = x.y, v[r + 2] = x.z, v[r + 3] = x.w;
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            v[r] = src[r];
+        cu_dec_widen2<DT>(u.x, f + 0);
+        cu_dec_widen2<DT>(u.y, f + 2);
     }
 }
 
@@ -1220,19 +1125,19 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
                 if (k_full) {
 #pragma unroll
                     for (int c = 0; c < NP; c++)
-                        att_dec_cp_async<PB>(ring_s + ko + c * 32 * PB, kp + c * PB);
+                        cu_dec_cp<PB>(ring_s + ko + c * 32 * PB, kp + c * PB);
                 } else if (k_on) {
                     att_dec_copy_elems<DT, NR>(ring + ko, kp, D - dim0);
                 }
                 if (v_full) {
 #pragma unroll
                     for (int c = 0; c < NP; c++)
-                        att_dec_cp_async<PB>(ring_s + vo + c * 32 * PB, vp + c * PB);
+                        cu_dec_cp<PB>(ring_s + vo + c * 32 * PB, vp + c * PB);
                 } else if (v_on) {
                     att_dec_copy_elems<DT, NR>(ring + vo, vp, DV - dim0);
                 }
             }
-            att_dec_cp_commit();
+            cu_dec_cp_commit();
         };
 
         fetch(0);
@@ -1278,7 +1183,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
             const int st = i % S;
             issue((i + S - 1) % S); /* batch i + S - 1 into the stage used by batch i - 1 */
             fetch(i + S);
-            att_dec_cp_wait<S - 1>(); /* batch i has landed (this lane's copies: the only ones it reads) */
+            cu_dec_cp_wait<S - 1>(); /* batch i has landed (this lane's copies: the only ones it reads) */
             const uint32_t vb = vmask >> (st * KB);
 
             /* scores: this lane's dims of each key dotted with q of all heads, summed over the warp */
@@ -1298,7 +1203,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
                         for (int r = 0; r < NR; r++)
                             dot[r] = fmaf(q[r][e], kf[e], dot[r]);
                 }
-                att_reduce_scatter<NR>(dot, lane);
+                cu_dec_reduce_scatter<NR>(dot, lane);
                 s[kb] = dot[0];
             }
             if constexpr (WT > 1) { /* add the team's warps' partials, in the same order in every warp */
@@ -1322,7 +1227,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
             float mx = -INFINITY;
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                s[kb] = (vb >> kb & 1u) && r_own < n_rep ? att_score(a, s[kb]) : -INFINITY;
+                s[kb] = (vb >> kb & 1u) && r_own < n_rep ? cu_attn_score(a, s[kb]) : -INFINITY;
                 mx = fmaxf(mx, s[kb]);
             }
             const float m_new = fmaxf(m, mx);
@@ -1347,7 +1252,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
             /* O = alpha O + sum_k p_k V_k on this lane's dims, all heads */
             if (v_on) {
                 float al[NR];
-                att_dec_ld_heads<NR>(alw_s[warp], al);
+                cu_dec_ld_heads<NR>(alw_s[warp], al);
                 bool rescale = false;
 #pragma unroll
                 for (int r = 0; r < NR; r++)
@@ -1363,7 +1268,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
                     if (!(vb >> kb & 1u))
                         continue; /* absent key: p is 0 and its slice was not copied */
                     float p[NR], vf[E];
-                    att_dec_ld_heads<NR>(pw_s[warp][kb], p);
+                    cu_dec_ld_heads<NR>(pw_s[warp][kb], p);
                     att_dec_widen<DT, NR>(ring + C::slice(st, kb, 1, lane), vf);
 #pragma unroll
                     for (int r = 0; r < NR; r++)
@@ -1376,7 +1281,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
         }
 
         /* Merge the teams: M = max m_t, weights e^(m_t - M), L = sum w_t l_t, O = sum w_t O_t. */
-        att_dec_cp_wait<0>();
+        cu_dec_cp_wait<0>();
         __syncthreads(); /* every warp is done with its ring: the merge buffer overlays them */
         if (wi == 0 && owner) {
             tm_s[team][r_own] = m;

@@ -60,6 +60,7 @@
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
 #include "cuda_mma.cuh"
+#include "attention_decode_util.cuh"
 
 #include <stdio.h>
 #include <string.h>
@@ -163,38 +164,17 @@ __device__ __forceinline__ T *adc_remote(T *p, int rank)
     return (T *)__cluster_map_shared_rank((void *)p, (unsigned)rank);
 }
 
-/* cp.async of CB (8 or 16) bytes; .cg (L2 only) for 16: K/V are streamed once. */
-template <int CB>
-__device__ __forceinline__ void adc_cp(uint32_t dst, const void *src)
-{
-    if constexpr (CB == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src), "n"(CB) : "memory");
-}
-
-__device__ __forceinline__ void adc_cp_commit()
-{
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-template <int N>
-__device__ __forceinline__ void adc_cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 /* Wait until at most n (0..3, more is treated as 3: waits longer, never too short) groups are pending. */
 __device__ __forceinline__ void adc_cp_wait_dyn(int n)
 {
     if (n <= 0)
-        adc_cp_wait<0>();
+        cu_dec_cp_wait<0>();
     else if (n == 1)
-        adc_cp_wait<1>();
+        cu_dec_cp_wait<1>();
     else if (n == 2)
-        adc_cp_wait<2>();
+        cu_dec_cp_wait<2>();
     else
-        adc_cp_wait<3>();
+        cu_dec_cp_wait<3>();
 }
 
 /* CE elements of dtype DT at src into shared memory at dst, elements at or past nvalid stored as zeros (rows that
@@ -221,19 +201,6 @@ __device__ __forceinline__ void adc_copy_elems(unsigned char *dst, const char *s
     }
 }
 
-/* Two packed 16-bit elements (low half first) widened to fp32 exactly. */
-template <int DT>
-__device__ __forceinline__ void adc_widen2(uint32_t w, float *f)
-{
-    if constexpr (DT == BERTH_DTYPE_BF16) {
-        f[0] = __uint_as_float(w << 16);
-        f[1] = __uint_as_float(w & 0xffff0000u);
-    } else {
-        f[0] = __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
-        f[1] = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-    }
-}
-
 /* One chunk (CE elements) from shared memory, widened to fp32. */
 template <int DT, int CE>
 __device__ __forceinline__ void adc_widen(const unsigned char *p, float f[CE])
@@ -244,74 +211,15 @@ __device__ __forceinline__ void adc_widen(const unsigned char *p, float f[CE])
         f[0] = x.x, f[1] = x.y, f[2] = x.z, f[3] = x.w;
     } else if constexpr (CE == 8) {
         const uint4 u = *(const uint4 *)p;
-        adc_widen2<DT>(u.x, f + 0);
-        adc_widen2<DT>(u.y, f + 2);
-        adc_widen2<DT>(u.z, f + 4);
-        adc_widen2<DT>(u.w, f + 6);
+        cu_dec_widen2<DT>(u.x, f + 0);
+        cu_dec_widen2<DT>(u.y, f + 2);
+        cu_dec_widen2<DT>(u.z, f + 4);
+        cu_dec_widen2<DT>(u.w, f + 6);
     } else {
         const uint2 u = *(const uint2 *)p;
-        adc_widen2<DT>(u.x, f + 0);
-        adc_widen2<DT>(u.y, f + 2);
+        cu_dec_widen2<DT>(u.x, f + 0);
+        cu_dec_widen2<DT>(u.y, f + 2);
     }
-}
-
-/* c ? x : y as one selp (a ?: on array elements may become a select of addresses and move the array to local
- * memory). */
-__device__ __forceinline__ float adc_sel(bool c, float x, float y)
-{
-    float r;
-    asm("{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %3, 0;\n\tselp.f32 %0, %1, %2, p;\n\t}\n"
-        : "=f"(r)
-        : "f"(x), "f"(y), "r"((int)c));
-    return r;
-}
-
-/* Sum v[0..NR) over the warp; afterwards v[0] of lane L holds the sum of value L >> (5 - log2 NR) (every lane of
- * that group of 32 / NR lanes). Step STEP halves the values a lane carries. */
-template <int NR, int STEP = 0>
-__device__ __forceinline__ void adc_reduce_scatter(float v[NR], int lane)
-{
-    if constexpr ((NR >> STEP) > 1) {
-        constexpr int o = 16 >> STEP, half = NR >> (STEP + 1);
-        const bool up = (lane & o) != 0;
-#pragma unroll
-        for (int i = 0; i < half; i++) {
-            const float send = adc_sel(up, v[i], v[i + half]);
-            const float keep = adc_sel(up, v[i + half], v[i]);
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-        }
-        adc_reduce_scatter<NR, STEP + 1>(v, lane);
-    } else {
-#pragma unroll
-        for (int o = 16 >> STEP; o > 0; o >>= 1)
-            v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
-    }
-}
-
-/* v[0..NR) = src[0..NR) from shared memory (the same address in every lane: broadcasts). */
-template <int NR>
-__device__ __forceinline__ void adc_ld_heads(const float *src, float v[NR])
-{
-    if constexpr (NR % 4 == 0) {
-#pragma unroll
-        for (int r = 0; r < NR; r += 4) {
-            const float4 x = *(const float4 *)(src + r);
-            v[r] = x.x, v[r + 1] = x.y, v[r + 2] = x.z, v[r + 3] = x.w;
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < NR; r++)
-            v[r] = src[r];
-    }
-}
-
-/* scale, then softcap (berth/backend.h order, the CPU's expression). */
-__device__ __forceinline__ float adc_score(const adc_args &a, float dot)
-{
-    float sc = a.scale * dot;
-    if (a.softcap > 0.0f)
-        sc = a.softcap * tanhf(sc / a.softcap);
-    return sc;
 }
 
 /* q of row t, heads h0 .. h0 + NRW - 1 (zeros for heads at or past nrv and dims at or past D), this lane's dims. */
@@ -485,11 +393,11 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                         for (int c = 0; c < NC; c++) {
                             const int po = (c * 32 + lane) * CB; /* the chunk's byte offset in the row */
                             if (vec && kn[c] >= CE)
-                                adc_cp<CB>(region_s + ko + po, kp + po);
+                                cu_dec_cp<CB>(region_s + ko + po, kp + po);
                             else if (kn[c] > 0)
                                 adc_copy_elems<DT, CE>(region + ko + po, kp + po, kn[c]);
                             if (vec && vn[c] >= CE)
-                                adc_cp<CB>(region_s + vo + po, vp + po);
+                                cu_dec_cp<CB>(region_s + vo + po, vp + po);
                             else if (vn[c] > 0)
                                 adc_copy_elems<DT, CE>(region + vo + po, vp + po, vn[c]);
                         }
@@ -500,7 +408,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                     vmask = present ? vmask | bit : vmask & ~bit;
                 }
             }
-            adc_cp_commit(); /* one group per batch, maybe empty: the wait counts stay exact */
+            cu_dec_cp_commit(); /* one group per batch, maybe empty: the wait counts stay exact */
         };
 
         int32_t issued = 0;
@@ -516,7 +424,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
             if (__any_sync(0xffffffffu, defer != 0)) {
                 for (int32_t b = 0; b < issued; b++)
                     issue(b, b, true);
-                adc_cp_wait<0>(); /* the extra groups came last: let every batch land before the loop */
+                cu_dec_cp_wait<0>(); /* the extra groups came last: let every batch land before the loop */
             }
         }
 
@@ -556,8 +464,8 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                                     dot[r] = fmaf(q[r][c * CE + e], kf[e], dot[r]);
                         }
                     }
-                    adc_reduce_scatter<NRW>(dot, lane);
-                    s[kb] = head_ok ? adc_score(a, dot[0]) : -INFINITY;
+                    cu_dec_reduce_scatter<NRW>(dot, lane);
+                    s[kb] = head_ok ? cu_attn_score(a, dot[0]) : -INFINITY;
                 }
             }
 
@@ -588,7 +496,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                     alw_s[warp][r_own] = alpha;
                 }
                 __syncwarp();
-                adc_ld_heads<NRW>(alw_s[warp], al);
+                cu_dec_ld_heads<NRW>(alw_s[warp], al);
             } else {
                 al[0] = alpha; /* a full warp sum: every lane has the same score, p and alpha */
             }
@@ -610,7 +518,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                     continue; /* absent key: p is 0 and its slot was not copied */
                 float p[NRW];
                 if constexpr (NRW > 1)
-                    adc_ld_heads<NRW>(pw_s[warp][kb], p);
+                    cu_dec_ld_heads<NRW>(pw_s[warp][kb], p);
                 else
                     p[0] = pk[kb];
 #pragma unroll
@@ -635,7 +543,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
             }
             st = st + 1 == rb ? 0 : st + 1;
         }
-        adc_cp_wait<0>();
+        cu_dec_cp_wait<0>();
         __syncwarp(); /* every copy of the warp has landed: its ring becomes its partial */
         if (a.late) /* the next kernel's early loads no longer compete with this one's */
             cu_pdl_trigger();

@@ -1,6 +1,7 @@
 /*
- * cuda_device.cuh — device-side helpers shared by the CUDA backend's kernels: dtype loads/stores, warp and block
- * reductions, and the activation functions of berth/backend.h (fp32, same formulas as the CPU backend).
+ * cuda_device.cuh — device-side helpers shared by the CUDA backend's kernels: dtype loads/stores, the streamed
+ * 16-byte weight load of the GEMV kernels, warp and block reductions, and the activation functions of
+ * berth/backend.h (fp32, same formulas as the CPU backend).
  */
 #ifndef BERTH_CUDA_DEVICE_CUH
 #define BERTH_CUDA_DEVICE_CUH
@@ -18,6 +19,19 @@ __device__ __forceinline__ float cu_ld(const void *p, int dt, int64_t i)
     case BERTH_DTYPE_F16: return __half2float(((const __half *)p)[i]);
     default: return ((const float *)p)[i];
     }
+}
+
+/* 16 bytes of weights, streamed past L1 (not kept there: x lives there). A coherent load, not ld.global.nc: with
+ * programmatic dependent launch a grid can be running while the previous kernel still writes, and .nc only allows
+ * data that is read-only for the grid's whole lifetime. volatile: the asm names no memory operand, so without it
+ * the compiler could move the load across cu_pdl_wait(). */
+__device__ __forceinline__ uint4 cu_ld_stream16(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
 }
 
 /* Store v as dtype dt (round to nearest even for bf16/f16). */

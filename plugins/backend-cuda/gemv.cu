@@ -49,18 +49,6 @@
 #define GV_ASYNC_MIN_BLOCKS 5 /* async variant: 5 x 40 KiB of stages per SM, 48 registers */
 static_assert(GV_THREADS == CU_YNORM_THREADS, "the trailing norm (gemv_norm.cuh) assumes 8 warps per block");
 
-/* 16 bytes of weights, streamed past L1. A coherent load (not .nc): with programmatic dependent launch the grid
- * may run while the previous kernel still writes other buffers. volatile keeps it on its side of cu_pdl_wait()
- * (the asm names no memory operand). */
-static __device__ __forceinline__ uint4 gv_ld_w(const char *p)
-{
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* E floats of x (16-byte aligned). */
 template <int E>
 static __device__ __forceinline__ void gv_ld_x(const float *p, float (&xv)[E])
@@ -181,8 +169,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (u < nj) {
-                q0[u] = gv_ld_w(w0 + u * WS);
-                q1[u] = gv_ld_w(w1 + u * WS);
+                q0[u] = cu_ld_stream16(w0 + u * WS);
+                q1[u] = cu_ld_stream16(w1 + u * WS);
             }
     }
     cu_pdl_wait();
@@ -190,8 +178,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (u < nj) {
-                q0[u] = gv_ld_w(w0 + u * WS);
-                q1[u] = gv_ld_w(w1 + u * WS);
+                q0[u] = cu_ld_stream16(w0 + u * WS);
+                q1[u] = cu_ld_stream16(w1 + u * WS);
             }
     }
 
@@ -207,8 +195,8 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
             s0 = gv_dot<WDT, E>(q0[u], xv, s0);
             s1 = gv_dot<WDT, E>(q1[u], xv, s1);
             if (j + U + u < nj) {
-                q0[u] = gv_ld_w(w0 + (U + u) * WS);
-                q1[u] = gv_ld_w(w1 + (U + u) * WS);
+                q0[u] = cu_ld_stream16(w0 + (U + u) * WS);
+                q1[u] = cu_ld_stream16(w1 + (U + u) * WS);
             }
         }
         w0 += U * WS;

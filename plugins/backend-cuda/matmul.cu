@@ -124,19 +124,6 @@ static __device__ __forceinline__ float mm_norm_factor(const void *nw, int dt, i
     return 1.0f;
 }
 
-/* 16 bytes of weights, streamed: not kept in L1 (x lives there). A coherent load, not ld.global.nc: with
- * programmatic dependent launch this grid can be running while the previous kernel still writes, and .nc only
- * allows data that is read-only for the grid's whole lifetime. volatile: the asm names no memory operand, so
- * without it the compiler could move the load across cu_pdl_wait(). */
-static __device__ __forceinline__ uint4 mm_ld_stream16(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* One 32-bit word holding weights, widened: bf16 pair, f16 pair (element 0 in the low half) or one f32. */
 template <int WDT>
 static __device__ __forceinline__ void mm_widen_word(uint32_t u, float *f)
@@ -171,7 +158,7 @@ template <int WDT>
 struct mm_chunk<WDT, true> {
     static constexpr int E = WDT == BERTH_DTYPE_F32 ? 4 : 8; /* elements per chunk */
     uint4 raw;
-    __device__ __forceinline__ void load(const char *row, int64_t c) { raw = mm_ld_stream16(row + c * 16); }
+    __device__ __forceinline__ void load(const char *row, int64_t c) { raw = cu_ld_stream16(row + c * 16); }
     __device__ __forceinline__ void widen(float *f) const
     {
         constexpr int W = WDT == BERTH_DTYPE_F32 ? 1 : 2; /* elements per 32-bit word */
