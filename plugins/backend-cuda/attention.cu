@@ -32,6 +32,7 @@
  * (scores, softcap, mask, softmax, row sums, output) stays fp32. FP32 compute mode (the parity mode) and f32
  * caches keep the SIMT kernel. (An fp32-accurate tensor-core FP32 mode would need 3xTF32 split products.)
  */
+#include "attention_args.cuh"
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
@@ -1727,47 +1728,18 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
         return BERTH_OK;
     const bool gate = p->gate.buf != nullptr;
     attn_args a = {};
-    a.q = cu_ptr(&p->q);
-    a.q_nb1 = p->q.nb[1];
-    a.q_nb2 = p->q.nb[2];
+    cu_attn_args_fill(a, p);
     a.q_dt = p->q.dtype;
-    a.out = cu_ptr(&p->out);
-    a.out_nb1 = p->out.nb[1];
-    a.out_nb2 = p->out.nb[2];
     a.out_dt = p->out.dtype;
-    a.gate = gate ? cu_ptr(&p->gate) : nullptr;
-    a.gate_nb1 = gate ? p->gate.nb[1] : 0;
-    a.gate_nb2 = gate ? p->gate.nb[2] : 0;
     a.gate_dt = gate ? p->gate.dtype : BERTH_DTYPE_F32;
-    a.positions = (const int32_t *)cu_ptr(&p->positions);
-    a.seq_q_start = (const int32_t *)cu_ptr(&p->seq_q_start);
-    a.seq_kv_len = (const int32_t *)cu_ptr(&p->seq_kv_len);
-    a.block_table = (const int32_t *)cu_ptr(&p->block_table);
-    a.bt_stride = p->block_table.nb[1] / (int64_t)sizeof(int32_t);
-    a.bt_width = (int32_t)(p->block_table.ne[0] < INT32_MAX ? p->block_table.ne[0] : INT32_MAX);
-    a.kbase = (const char *)kv->k_buf->ptr + kv->k_offset;
-    a.vbase = (const char *)kv->v_buf->ptr + kv->v_offset;
-    a.block_stride = (int64_t)kv->block_stride;
-    a.token_stride = (int64_t)kv->token_stride;
-    a.head_stride = (int64_t)kv->head_stride;
-    a.v_token_stride = (int64_t)kv->v_token_stride;
-    a.v_head_stride = (int64_t)kv->v_head_stride;
     a.kv_dt = kv->dtype;
-    a.block_size = kv->block_size;
-    a.n_blocks = kv->n_blocks;
     a.D = kv->head_dim;
     a.DV = kv->head_dim_v;
     a.n_heads = (int32_t)H;
     a.n_rep = (int32_t)(H / kv->n_kv_heads);
     a.T = (int32_t)T;
     a.n_seqs = p->n_seqs;
-    a.mask = p->mask;
-    a.window = p->mask == BERTH_MASK_CAUSAL ? p->window : 0;
-    a.scale = p->scale;
-    a.softcap = p->softcap;
-    const uint64_t align = (uintptr_t)a.kbase | (uintptr_t)a.vbase | kv->block_stride | kv->token_stride |
-                           kv->head_stride | kv->v_token_stride | kv->v_head_stride;
-    a.vec = (align & 15u) == 0;
+    a.vec = cu_kv_aligned16(kv);
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     if (T == p->n_seqs) {
         /* Which decode kernel (BERTH_CUDA_ATT_DECODE, docs/config.md): by default the one-launch cluster kernel for

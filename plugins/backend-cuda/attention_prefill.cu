@@ -44,6 +44,7 @@
  * is not inside [0, T] get no tiles, seq_kv_len is clamped to the block table's row, keys whose block-table entry
  * is not a block of the pool are zero-filled and masked (never dereferenced), rows that see no key write zeros.
  */
+#include "attention_args.cuh"
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_mma.cuh"
@@ -677,49 +678,17 @@ berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const
         return BERTH_OK;
 
     apf_args a = {};
-    a.q = cu_ptr(&p->q);
-    a.q_nb1 = p->q.nb[1];
-    a.q_nb2 = p->q.nb[2];
-    a.out = cu_ptr(&p->out);
-    a.out_nb1 = p->out.nb[1];
-    a.out_nb2 = p->out.nb[2];
-    a.gate = gate ? cu_ptr(&p->gate) : nullptr;
-    a.gate_nb1 = gate ? p->gate.nb[1] : 0;
-    a.gate_nb2 = gate ? p->gate.nb[2] : 0;
-    a.positions = (const int32_t *)cu_ptr(&p->positions);
-    a.seq_q_start = (const int32_t *)cu_ptr(&p->seq_q_start);
-    a.seq_kv_len = (const int32_t *)cu_ptr(&p->seq_kv_len);
-    a.block_table = (const int32_t *)cu_ptr(&p->block_table);
-    a.bt_stride = p->block_table.nb[1] / (int64_t)sizeof(int32_t);
-    a.bt_width = (int32_t)(p->block_table.ne[0] < INT32_MAX ? p->block_table.ne[0] : INT32_MAX);
-    a.kbase = (const char *)kv->k_buf->ptr + kv->k_offset;
-    a.vbase = (const char *)kv->v_buf->ptr + kv->v_offset;
-    a.block_stride = (int64_t)kv->block_stride;
-    a.token_stride = (int64_t)kv->token_stride;
-    a.head_stride = (int64_t)kv->head_stride;
-    a.v_token_stride = (int64_t)kv->v_token_stride;
-    a.v_head_stride = (int64_t)kv->v_head_stride;
-    a.block_size = kv->block_size;
-    a.n_blocks = kv->n_blocks;
-    a.bs_shift = -1;
-    for (int sh = 0; sh < 31; sh++)
-        if (kv->block_size == 1 << sh)
-            a.bs_shift = sh;
+    cu_attn_args_fill(a, p);
+    a.bs_shift = cu_block_shift(kv->block_size);
     a.D = D;
     a.DV = DV;
     a.n_rep = (int32_t)n_rep;
     a.n_kv_heads = kv->n_kv_heads;
     a.T = (int32_t)T;
     a.n_seqs = p->n_seqs;
-    a.mask = p->mask;
-    a.window = p->mask == BERTH_MASK_CAUSAL ? p->window : 0;
-    a.scale = p->scale;
-    a.softcap = p->softcap;
     a.sl2 = p->scale * 1.4426950408889634f;
     /* cp.async moves 16-byte pieces: K/V rows, strides and bases must be 16-byte aligned. */
-    const uint64_t align = (uintptr_t)a.kbase | (uintptr_t)a.vbase | kv->block_stride | kv->token_stride |
-                           kv->head_stride | kv->v_token_stride | kv->v_head_stride;
-    if ((align & 15u) != 0 || kv->block_size <= 0)
+    if (!cu_kv_aligned16(kv) || kv->block_size <= 0)
         return BERTH_OK;
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
