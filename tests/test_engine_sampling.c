@@ -150,17 +150,22 @@ START_TEST(test_logprobs_match_host)
 }
 END_TEST
 
-/* backend.h step 1 on the host. */
-static void penalise(float *z, const int32_t *hist, int32_t n, float rep, float pres, float freq, int32_t V)
+/* backend.h step 1 on the host, with history_output_start: hist[0..n_prompt) is prompt (repetition only), the rest
+ * output (n_prompt 0: the whole history counts for all three penalties). */
+static void penalise(float *z, const int32_t *hist, int32_t n, int32_t n_prompt, float rep, float pres, float freq,
+                     int32_t V)
 {
-    int32_t *cnt = calloc((size_t)V, sizeof *cnt);
-    for (int32_t i = 0; i < n; i++) cnt[hist[i]]++;
+    int32_t *cnt = calloc((size_t)V, sizeof *cnt), *out = calloc((size_t)V, sizeof *out);
+    for (int32_t i = 0; i < n; i++) cnt[hist[i]]++, out[hist[i]] += i >= n_prompt;
     for (int32_t v = 0; v < V; v++) {
         if (!cnt[v]) continue;
-        z[v] = z[v] > 0 ? z[v] / rep : z[v] * rep;
-        z[v] -= pres + freq * (float)cnt[v];
+        if (rep != 1.0f) z[v] = z[v] > 0 ? z[v] / rep : z[v] * rep;
+        if (out[v]) {
+            z[v] -= pres;
+            z[v] -= freq * (float)out[v];
+        }
     }
-    free(cnt);
+    free(cnt), free(out);
 }
 
 START_TEST(test_penalties_as_specified)
@@ -192,7 +197,7 @@ START_TEST(test_penalties_as_specified)
         sp.n_history = 3;
         sp.n_top = 4;
         memcpy(pz, z, (size_t)V * sizeof *pz);
-        penalise(pz, hist, 3, cases[c][0], cases[c][1], cases[c][2], V);
+        penalise(pz, hist, 3, 0, cases[c][0], cases[c][1], cases[c][2], V);
         int32_t want = 0;
         for (int32_t v = 1; v < V; v++)
             if (pz[v] > pz[want]) want = v;
@@ -361,7 +366,7 @@ START_TEST(test_history_rule)
         ck_assert_int_eq(sched_add(sc, 0, &rq), BERTH_OK);
         run_all(sc);
         memcpy(pz, z, (size_t)V * sizeof *pz);
-        if (c == 1) penalise(pz, p->ids, p->n, 3.0f, 0, 0, V);
+        if (c == 1) penalise(pz, p->ids, p->n, 0, 3.0f, 0, 0, V);
         ck_assert_int_eq(o->n[0], 1);
         check_lp(pz, V, o->toks[0][0], &o->lp[0][0], 0);
         sched_free(sc);
@@ -372,23 +377,6 @@ START_TEST(test_history_rule)
     free_prompts(&f);
 }
 END_TEST
-
-/* backend.h step 1 with history_output_start: hist[0..n_prompt) is prompt (repetition only), the rest output. */
-static void penalise_split(float *z, const int32_t *hist, int32_t n, int32_t n_prompt, float rep, float pres,
-                           float freq, int32_t V)
-{
-    int32_t *cnt = calloc((size_t)V, sizeof *cnt), *out = calloc((size_t)V, sizeof *out);
-    for (int32_t i = 0; i < n; i++) cnt[hist[i]]++, out[hist[i]] += i >= n_prompt;
-    for (int32_t v = 0; v < V; v++) {
-        if (!cnt[v]) continue;
-        if (rep != 1.0f) z[v] = z[v] > 0 ? z[v] / rep : z[v] * rep;
-        if (out[v]) {
-            z[v] -= pres;
-            z[v] -= freq * (float)out[v];
-        }
-    }
-    free(cnt), free(out);
-}
 
 /* vLLM's rule through the runner: n_history_prompt leading history ids count for the repetition penalty only
  * (runner_sampling -> the sample op's history_output_start); runner_generate marks the prompt so. */
@@ -424,7 +412,7 @@ START_TEST(test_prompt_history_repetition_only)
         sp.n_history_prompt = p->n;
         sp.n_top = 4;
         memcpy(pz, z, (size_t)V * sizeof *pz);
-        penalise_split(pz, hist, n, p->n, cases[c][0], cases[c][1], cases[c][2], V);
+        penalise(pz, hist, n, p->n, cases[c][0], cases[c][1], cases[c][2], V);
         int32_t want = 0;
         for (int32_t v = 1; v < V; v++)
             if (pz[v] > pz[want]) want = v;
@@ -459,7 +447,7 @@ START_TEST(test_prompt_history_repetition_only)
                   berth_last_error());
     ck_assert_int_eq(g.n_tokens, 1);
     memcpy(pz, z, (size_t)V * sizeof *pz);
-    penalise_split(pz, p->ids, p->n, p->n, 3.0f, 5.0f, 0.0f, V);
+    penalise(pz, p->ids, p->n, p->n, 3.0f, 5.0f, 0.0f, V);
     check_lp(pz, V, g.tokens[0], &g.logprobs[0], 4);
     free(g.tokens), free(g.logprobs);
     free(hist), free(z), free(pz);
