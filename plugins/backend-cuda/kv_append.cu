@@ -35,6 +35,7 @@ struct kva_args {
     const char *k_w, *v_w;      /* norm weights (W / W_ONE_PLUS modes only) */
     int32_t k_w_dt, v_w_dt;
     int32_t w_early;            /* the norm weights may be read before cu_pdl_wait (weights buffers) */
+    int32_t f_early;            /* the RoPE frequencies may too (a weights buffer) */
     int32_t k_mode, v_mode;
     float eps;
     int32_t rope_mode, rope_off, n_pairs;
@@ -82,10 +83,50 @@ __device__ __forceinline__ void kva_ld_weights(float *w, int n, int mode, const 
     }
 }
 
-/* Rotate the thread's elements of a head of n elements (berth/backend.h, ROPE). The products are rounded
- * separately (no FMA contraction) so the result matches the CPU's x0 * cos - x1 * sin to the bit for equal
- * sin/cos. buf: CU_MAX_HEAD_DIM floats of shared memory. Contains __syncthreads: call from all threads. */
-__device__ __forceinline__ void kva_rope(float *x, int n, const kva_args &a, float pos, float *buf)
+/* The RoPE pair of element i of a head of n elements (berth/backend.h, ROPE): pair index j (-1: i is in no pair),
+ * its partner and whether i is the pair's first element. */
+__device__ __forceinline__ int kva_pair(const kva_args &a, int i, int n, int *partner, bool *first)
+{
+    int j = -1, pt = -1;
+    bool f = false;
+    if (a.rope_mode == BERTH_ROPE_HALF) {
+        if (i < a.n_pairs) {
+            j = i, pt = i + a.rope_off, f = true;
+        } else if (i >= a.rope_off && i - a.rope_off < a.n_pairs) {
+            j = i - a.rope_off, pt = j, f = false;
+        }
+    } else if (i < 2 * a.n_pairs) {
+        j = i >> 1;
+        f = (i & 1) == 0;
+        pt = f ? i + 1 : i - 1;
+    }
+    if (j < 0 || pt < 0 || pt >= n) /* not in a pair (or a layout the checks reject) */
+        return -1;
+    *partner = pt;
+    *first = f;
+    return j;
+}
+
+/* The thread's frequencies (0 past the pairs): loaded apart from the position so that they can be read before
+ * the PDL wait. */
+__device__ __forceinline__ void kva_ld_freqs(const kva_args &a, int n, float *fr)
+{
+#pragma unroll
+    for (int e = 0; e < KVA_EPT; e++) {
+        const int i = threadIdx.x + e * KVA_THREADS;
+        int partner;
+        bool first;
+        const int j = i < n ? kva_pair(a, i, n, &partner, &first) : -1;
+        fr[e] = j >= 0 ? a.freqs[j] : 0.0f;
+    }
+}
+
+/* Rotate the thread's elements of a head of n elements with their precomputed sin / cos (sincosf of pos * freq,
+ * computed while the norm runs). The products are rounded separately (no FMA contraction) so the result matches
+ * the CPU's x0 * cos - x1 * sin to the bit for equal sin/cos. buf: CU_MAX_HEAD_DIM floats of shared memory.
+ * Contains __syncthreads: call from all threads. */
+__device__ __forceinline__ void kva_rope(float *x, int n, const kva_args &a, const float *sn, const float *cs,
+                                         float *buf)
 {
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
@@ -99,26 +140,13 @@ __device__ __forceinline__ void kva_rope(float *x, int n, const kva_args &a, flo
         const int i = threadIdx.x + e * KVA_THREADS;
         if (i >= n)
             continue;
-        int j = -1, partner = -1;
-        bool first = false; /* i is the pair's i0 (else its i1) */
-        if (a.rope_mode == BERTH_ROPE_HALF) {
-            if (i < a.n_pairs) {
-                j = i, partner = i + a.rope_off, first = true;
-            } else if (i >= a.rope_off && i - a.rope_off < a.n_pairs) {
-                j = i - a.rope_off, partner = j, first = false;
-            }
-        } else if (i < 2 * a.n_pairs) {
-            j = i >> 1;
-            first = (i & 1) == 0;
-            partner = first ? i + 1 : i - 1;
-        }
-        if (j < 0 || partner < 0 || partner >= n) /* not in a pair (or a layout the checks reject) */
+        int partner;
+        bool first;
+        if (kva_pair(a, i, n, &partner, &first) < 0)
             continue;
-        float sn, cs;
-        sincosf(__fmul_rn(pos, a.freqs[j]), &sn, &cs);
         const float xi = buf[i], xp = buf[partner];
-        x[e] = first ? __fsub_rn(__fmul_rn(xi, cs), __fmul_rn(xp, sn))
-                     : __fadd_rn(__fmul_rn(xi, cs), __fmul_rn(xp, sn));
+        x[e] = first ? __fsub_rn(__fmul_rn(xi, cs[e]), __fmul_rn(xp, sn[e]))
+                     : __fadd_rn(__fmul_rn(xi, cs[e]), __fmul_rn(xp, sn[e]));
     }
 }
 
@@ -129,22 +157,24 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     cu_pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
-    float kw[KVA_EPT], vw[KVA_EPT];
+    float kw[KVA_EPT], vw[KVA_EPT], fr[KVA_EPT];
     if (a.w_early) {
         kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
         kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
     }
+    if (a.n_pairs > 0 && a.f_early)
+        kva_ld_freqs(a, a.D, fr);
     cu_pdl_wait();
     if (!a.w_early) {
         kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
         kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
     }
-    const int32_t slot = a.slots[t];
-    if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
-        return; /* the whole block leaves together: no barrier is skipped by part of it */
-    const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
+    if (a.n_pairs > 0 && !a.f_early)
+        kva_ld_freqs(a, a.D, fr);
 
-    /* K and V loaded together (both loads in flight at once) */
+    /* One round trip: the slot, the position, K and V (all in flight at once; K and V do not depend on the slot) */
+    const int32_t slot = a.slots[t];
+    const float pos = a.n_pairs > 0 ? (float)a.positions[t] : 0.0f;
     float x[KVA_EPT], xv[KVA_EPT];
     const char *ks = a.k + t * a.k_nb2 + h * a.k_nb1;
     const char *vs = a.v + t * a.v_nb2 + h * a.v_nb1;
@@ -154,12 +184,22 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
         x[e] = i < a.D ? cu_ld(ks, a.k_dt, i) : 0.0f;
         xv[e] = i < a.DV ? cu_ld(vs, a.v_dt, i) : 0.0f;
     }
+    if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
+        return; /* the whole block leaves together: no barrier is skipped by part of it */
+    const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
+    /* sin / cos of the rotation: independent of K, so computed before the norm's reduction */
+    float sn[KVA_EPT], cs[KVA_EPT];
+    if (a.n_pairs > 0) {
+#pragma unroll
+        for (int e = 0; e < KVA_EPT; e++)
+            sincosf(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
+    }
 
     /* K: norm, RoPE, store */
     if (a.k_mode != BERTH_NORM_W_NONE)
         kva_norm(x, a.D, a.k_mode, a.eps, kw, red);
     if (a.n_pairs > 0)
-        kva_rope(x, a.D, a, (float)a.positions[t], buf);
+        kva_rope(x, a.D, a, sn, cs, buf);
     char *kd = a.k_dst + blk * a.block_stride + off * a.token_stride + (uint64_t)h * a.head_stride;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
@@ -226,6 +266,7 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.v_w = vw ? cu_ptr(&p->v_norm) : nullptr;
     a.k_w_dt = kw ? p->k_norm.dtype : BERTH_DTYPE_F32;
     a.v_w_dt = vw ? p->v_norm.dtype : BERTH_DTYPE_F32;
+    a.f_early = rope && p->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS;
     a.w_early = (!kw || p->k_norm.buf->usage == BERTH_USAGE_WEIGHTS) &&
                 (!vw || p->v_norm.buf->usage == BERTH_USAGE_WEIGHTS);
     a.k_mode = p->k_norm_mode;

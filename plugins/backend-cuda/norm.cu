@@ -317,33 +317,74 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
     extern __shared__ float nm_rope_smem[];
     __shared__ float scratch[32];
     cu_pdl_trigger();
-    cu_pdl_wait();
     const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
     const bool half = a.rmode_rope == BERTH_ROPE_HALF;
+    /* The thread's first pair (j = tid): its frequency and weight factors, before the wait where their buffers
+     * hold weights; its sin / cos once the position is known, before the reduction (the decode case is one pair
+     * per thread, and these loads and sincosf were the tail of the chain). Same values, same bits. */
+    const bool wtd = a.wmode == BERTH_NORM_W || a.wmode == BERTH_NORM_W_ONE_PLUS;
+    const bool mine = tid < a.np;
+    const int64_t mi0 = half ? tid : 2 * (int64_t)tid, mi1 = half ? tid + a.roff : 2 * (int64_t)tid + 1;
+    float fq = 0.0f, f0 = 1.0f, f1 = 1.0f;
+    auto ld_f = [&]() {
+        if (mine)
+            fq = a.freqs[tid];
+    };
+    auto ld_w = [&]() {
+        if (mine && wtd) {
+            f0 = cu_ld(a.w, a.wdt, mi0);
+            f1 = cu_ld(a.w, a.wdt, mi1);
+            if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
+                f0 = 1.0f + f0;
+                f1 = 1.0f + f1;
+            }
+        }
+    };
+    if (a.f_early)
+        ld_f();
+    if (a.w_early)
+        ld_w();
+    cu_pdl_wait();
+    if (!a.f_early)
+        ld_f();
+    if (!a.w_early)
+        ld_w();
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) { /* uniform over the block */
         const float *x = nm_row(a.x, row);
         float *y = nm_row(a.y, row);
+        const float p = (float)a.pos[row / a.heads];
         float ss = 0.0f;
         for (int64_t i = tid; i < a.n; i += nt) {
             const float v = x[i];
             nm_rope_smem[i] = v;
             ss = fmaf(v, v, ss);
         }
+        float msn = 0.0f, mcs = 1.0f;
+        if (mine)
+            sincosf(p * fq, &msn, &mcs);
         ss = cu_block_sum(ss, scratch); /* its barriers also publish the staged row */
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
-        const float p = (float)a.pos[row / a.heads];
         for (int64_t j = tid; j < a.np; j += nt) {
             const int64_t i0 = half ? j : 2 * j, i1 = half ? j + a.roff : 2 * j + 1;
             float x0 = nm_rope_smem[i0] * inv, x1 = nm_rope_smem[i1] * inv;
-            if (a.wmode == BERTH_NORM_W) {
-                x0 *= cu_ld(a.w, a.wdt, i0);
-                x1 *= cu_ld(a.w, a.wdt, i1);
-            } else if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
-                x0 *= 1.0f + cu_ld(a.w, a.wdt, i0);
-                x1 *= 1.0f + cu_ld(a.w, a.wdt, i1);
-            }
             float sn, cs;
-            sincosf(p * a.freqs[j], &sn, &cs);
+            if (j == tid) {
+                if (wtd) {
+                    x0 *= f0;
+                    x1 *= f1;
+                }
+                sn = msn;
+                cs = mcs;
+            } else {
+                if (a.wmode == BERTH_NORM_W) {
+                    x0 *= cu_ld(a.w, a.wdt, i0);
+                    x1 *= cu_ld(a.w, a.wdt, i1);
+                } else if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
+                    x0 *= 1.0f + cu_ld(a.w, a.wdt, i0);
+                    x1 *= 1.0f + cu_ld(a.w, a.wdt, i1);
+                }
+                sincosf(p * a.freqs[j], &sn, &cs);
+            }
             const float o0 = x0 * cs - x1 * sn, o1 = x1 * cs + x0 * sn;
             y[i0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
             y[i1] = a.oscale != 1.0f ? o1 * a.oscale : o1;
@@ -531,6 +572,7 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     if (a.np > 0) {
         a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
         a.freqs = (const float *)cu_ptr(&p->rope_freqs);
+        a.f_early = p->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS;
         a.heads = p->x.ne[1];
         a.rmode_rope = p->rope_mode;
         a.roff = p->rope_pair_offset;

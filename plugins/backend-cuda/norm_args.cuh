@@ -26,6 +26,7 @@ struct nm_rms_args {
     const float *freqs;
     int64_t heads;
     int32_t rmode_rope, roff, np;
+    int32_t f_early;   /* the RoPE frequencies may be read before cu_pdl_wait (a weights buffer) */
     /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
     int32_t has_y2, w2dt, w2mode;
     const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
