@@ -991,6 +991,131 @@ START_TEST(test_matmul_then_norm)
 }
 END_TEST
 
+static void expect_unsupported(int32_t op, const void *params, const char *msg); /* supports() refuses with msg */
+
+/* Every element of t is still NaN (tpoison): a refused op wrote nothing there. */
+static void still_poisoned(const berth_tensor *t, const char *what)
+{
+    FOR_EACH(t, i0, i1, i2, i3)
+        ck_assert_msg(isnan(tget(t, i0, i1, i2, i3)), "%s: [%lld, %lld] was written", what, (long long)i0,
+                      (long long)i1);
+}
+
+/* The matmul's norm before the product (x_pre): bit-identical to rms_norm (residual ADD_AFTER, out_scale, with and
+ * without a second output), then matmul on the norm's y2 (else its y), every output of the norm written; x must be
+ * that output; no RoPE, no x_norm prologue, no y_norm; a refused op writes none of the norm's outputs. */
+START_TEST(test_norm_then_matmul)
+{
+    const int64_t K = 96, N = 77;
+    for (int64_t M = 1; M <= 9; M += 4)
+        for (int with_y2 = 0; with_y2 < 2; with_y2++) {
+            struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 1), w = tt_new(BERTH_DTYPE_BF16, K, N, 1, 1, 0);
+            struct tt nw = tt_new(BERTH_DTYPE_F32, K, 1, 1, 1, 0), nw2 = tt_new(BERTH_DTYPE_F32, K, 1, 1, 1, 0);
+            struct tt r = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+            struct tt y1 = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+            struct tt u1 = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0), u2 = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 0);
+            struct tt a1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), a2 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0);
+            trand(&x.t, -2, 2);
+            trand(&w.t, -1, 1);
+            trand(&nw.t, -1, 1);
+            trand(&nw2.t, -1, 1);
+            trand(&r.t, -1, 1);
+            char what[96];
+            snprintf(what, sizeof what, "matmul x_pre M=%lld %s", (long long)M, with_y2 ? "x = y2" : "x = y");
+            /* reference: two ops */
+            berth_rms_norm_params q = {.struct_size = sizeof q, .weight_mode = BERTH_NORM_W,
+                                       .resid_mode = BERTH_RESID_ADD_AFTER, .eps = 1e-6f, .x = x.t, .w = nw.t,
+                                       .residual = r.t, .y = y1.t, .out_scale = 0.5f};
+            if (with_y2) {
+                q.y2_weight_mode = BERTH_NORM_W;
+                q.y2_w = nw2.t;
+                q.y2 = u1.t;
+            }
+            CHECK(ops->rms_norm(be, st, &q) == BERTH_OK, "%s", g_last_error);
+            berth_matmul_params p = {.struct_size = sizeof p, .x = with_y2 ? u1.t : y1.t, .w = w.t, .y = a1.t};
+            CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            /* one op */
+            q.y = y2.t;
+            if (with_y2)
+                q.y2 = u2.t;
+            p.x = with_y2 ? u2.t : y2.t;
+            p.y = a2.t;
+            p.x_pre = &q;
+            ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
+            CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+            same_bits(&y2.t, &y1.t, what);
+            if (with_y2)
+                same_bits(&u2.t, &u1.t, what);
+            same_bits(&a2.t, &a1.t, what);
+            /* refusals, before the norm writes anything */
+            tpoison(&y2.t);
+            tpoison(&u2.t);
+            tpoison(&a2.t);
+            p.x = with_y2 ? y2.t : x.t; /* not the output the product reads */
+            expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID,
+                         with_y2 ? "matmul: x must be x_pre's y2 (same buffer, offset, dtype and shape)"
+                                 : "matmul: x must be x_pre's y (same buffer, offset, dtype and shape)");
+            p.x = with_y2 ? u2.t : y2.t;
+            p.x_norm_mode = BERTH_NORM_UNIT;
+            p.x_norm_eps = 1e-6f;
+            expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED,
+                         "matmul: x_pre and an x_norm prologue cannot be combined");
+            expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: x_pre and an x_norm prologue cannot be combined");
+            p.x_norm_mode = BERTH_NORM_W_NONE;
+            berth_rms_norm_params yn = {.struct_size = sizeof yn, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f,
+                                        .x = a2.t, .residual = absent, .y = a1.t};
+            p.y_norm = &yn;
+            expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "matmul: x_pre and y_norm cannot be combined");
+            expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: x_pre and y_norm cannot be combined");
+            p.y_norm = NULL;
+            q.weight_mode = 9; /* the norm obeys every rms_norm rule */
+            expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "rms_norm: weight_mode 9 is not supported");
+            q.weight_mode = BERTH_NORM_W;
+            still_poisoned(&y2.t, what);
+            still_poisoned(&u2.t, what);
+            still_poisoned(&a2.t, what);
+            tt_free(&x);
+            tt_free(&w);
+            tt_free(&nw);
+            tt_free(&nw2);
+            tt_free(&r);
+            tt_free(&y1);
+            tt_free(&y2);
+            tt_free(&u1);
+            tt_free(&u2);
+            tt_free(&a1);
+            tt_free(&a2);
+        }
+
+    /* a q-norm + RoPE cannot be the norm before a product (x {d, heads, T}: the product's rows are heads * T) */
+    const int64_t d = 32, H = 2, T = 3;
+    struct tt x = tt_new(BERTH_DTYPE_F32, d, H, T, 1, 0), y = tt_new(BERTH_DTYPE_F32, d, H, T, 1, 0);
+    struct tt w = tt_new(BERTH_DTYPE_BF16, d, 8, 1, 1, 0), a = tt_new(BERTH_DTYPE_F32, 8, H, T, 1, 0);
+    struct tt freqs = tt_new(BERTH_DTYPE_F32, 4, 1, 1, 1, 0);
+    const int32_t posv[3] = {0, 5, 9};
+    struct tt pos = ivec(posv, T);
+    trand(&x.t, -2, 2);
+    trand(&freqs.t, 0, 1);
+    tpoison(&y.t);
+    berth_rms_norm_params q = {.struct_size = sizeof q, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f, .x = x.t,
+                               .residual = absent, .y = y.t, .rope_mode = BERTH_ROPE_HALF, .rope_pair_offset = 16,
+                               .rope_n_pairs = 4, .rope_positions = pos.t, .rope_freqs = freqs.t};
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_RMS_NORM, &q), BERTH_OK);
+    berth_matmul_params p = {.struct_size = sizeof p, .x = y.t, .w = w.t, .y = a.t, .x_pre = &q};
+    expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "matmul: x_pre cannot apply RoPE");
+    expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: x_pre cannot apply RoPE");
+    still_poisoned(&y.t, "matmul x_pre with RoPE");
+    q.rope_n_pairs = 0; /* the same norm without RoPE is fine */
+    CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    tt_free(&x);
+    tt_free(&y);
+    tt_free(&w);
+    tt_free(&a);
+    tt_free(&freqs);
+    tt_free(&pos);
+}
+END_TEST
+
 /* A caller compiled before the 0.3 fields (struct_size up to y) gets a plain rms_norm whatever follows. */
 START_TEST(test_rms_norm_old_caller)
 {
@@ -1474,6 +1599,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_rms_norm_out_scale);
     tcase_add_test(tc, test_rms_norm_second_output);
     tcase_add_test(tc, test_matmul_then_norm);
+    tcase_add_test(tc, test_norm_then_matmul);
     tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);

@@ -769,6 +769,11 @@ START_TEST(descriptor_and_accept)
 }
 END_TEST
 
+static int starts(const char *s, const char *prefix)
+{
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
 static int count_reqs(const berth_requirement *const *r, int n, int op)
 {
     int k = 0;
@@ -826,7 +831,8 @@ START_TEST(create_info_layout_requirements)
     /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);
-    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0, n_second = 0, n_trailing = 0;
+    int seen16 = 0, seen32 = 0, n_rope_norms = 0, n_scaled_norms = 0, n_second = 0;
+    int n_pre_attn = 0, n_pre_ff = 0, n_pre_ple = 0, n_alone_ple = 0;
     for (int i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(r[i]);
         ck_assert_uint_eq(r[i]->struct_size, sizeof(berth_requirement));
@@ -855,20 +861,42 @@ START_TEST(create_info_layout_requirements)
         }
         if (r[i]->op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
             ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_F32);
-        /* a norm is an rms_norm op or a matmul's trailing norm (y_norm: the post-norms after o_proj, down_proj
-         * and the PLE projection, whose x is the product's y) */
-        const berth_rms_norm_params *yn =
-            r[i]->op == BERTH_OP_MATMUL ? ((const berth_matmul_params *)r[i]->params)->y_norm : NULL;
-        if (yn) {
-            const berth_matmul_params *mp = r[i]->params;
-            ck_assert_int_eq(yn->x.ne[0], mp->y.ne[0]);
-            ck_assert_int_eq(yn->x.dtype, mp->y.dtype);
-            ck_assert_int_eq(yn->rope_n_pairs, 0);
-            ck_assert_msg(strstr(r[i]->what, ", then an rms_norm of y)") != NULL, "%s", r[i]->what);
-            n_trailing++;
+        /* a norm is an rms_norm op or a matmul's norm before the product (x_pre: each post-norm goes with the
+         * product that reads its output, whose x is the norm's y2, else its y); no trailing norms (y_norm) */
+        const berth_matmul_params *mp = r[i]->op == BERTH_OP_MATMUL ? r[i]->params : NULL;
+        const berth_rms_norm_params *xp = mp ? mp->x_pre : NULL;
+        if (mp)
+            ck_assert_msg(mp->y_norm == NULL, "%s", r[i]->what);
+        if (xp) {
+            const char *what = r[i]->what;
+            const int y2 = xp->y2.ne[0] != 0;
+            ck_assert_mem_eq(y2 ? &xp->y2 : &xp->y, &mp->x, sizeof mp->x);
+            ck_assert_int_eq(xp->rope_n_pairs, 0);
+            ck_assert_int_eq(xp->resid_mode, BERTH_RESID_ADD_AFTER);
+            ck_assert_int_eq(mp->x_norm_mode, BERTH_NORM_W_NONE);
+            ck_assert_msg(strstr(what, ", x from an rms_norm before it") != NULL, "%s", what);
+            if (starts(what, "matmul post_attention_layernorm (+ pre_feedforward_layernorm), then mlp.")) {
+                ck_assert(y2 && xp->out_scale == 0.0f); /* the pre-FF norm into gate|up, or up */
+                n_pre_attn++;
+            } else if (starts(what, "matmul post_feedforward_layernorm, then per_layer_input_gate (")) {
+                ck_assert(!y2 && xp->out_scale == 0.0f && mp->y_glu == BERTH_GLU_MUL);
+                n_pre_ff++;
+            } else if (starts(what, "matmul post_per_layer_input_norm (* layer_scalar, + input_layernorm), "
+                                    "then q_proj")) {
+                ck_assert(y2 && xp->out_scale != 0.0f); /* the next layer's input norm into q|k|v, or q */
+                n_pre_ple++;
+            } else {
+                ck_abort_msg("unexpected norm before a product: %s", what);
+            }
         }
-        if (r[i]->op == BERTH_OP_RMS_NORM || yn) {
-            const berth_rms_norm_params *p = yn ? yn : r[i]->params;
+        if (r[i]->op == BERTH_OP_RMS_NORM &&
+            starts(r[i]->what, "rms_norm post_per_layer_input_norm (* layer_scalar) (")) {
+            /* the last layer's last norm: no product reads it (the final norm follows the row gather) */
+            ck_assert_int_eq(((const berth_rms_norm_params *)r[i]->params)->y2.ne[0], 0);
+            n_alone_ple++;
+        }
+        if (r[i]->op == BERTH_OP_RMS_NORM || xp) {
+            const berth_rms_norm_params *p = xp ? xp : r[i]->params;
             if (p->rope_n_pairs > 0) { /* q_norm + RoPE: per head, positions per token, the type's pairs */
                 ck_assert_int_eq(p->rope_mode, BERTH_ROPE_HALF);
                 ck_assert_int_eq(p->rope_pair_offset, p->x.ne[0] / 2);
@@ -893,17 +921,20 @@ START_TEST(create_info_layout_requirements)
     }
     ck_assert(seen16 && seen32);
     ck_assert_int_eq(n_rope_norms, 2);
-    /* out_scale: post_per_layer_input_norm (* layer_scalar; with the next layer's input norm as second output,
-     * and without it after the last layer) and the per-layer input norm (* 2^-1/2) */
-    ck_assert_int_eq(n_scaled_norms, 3);
-    /* second outputs: post_attention_layernorm (+ pre_feedforward_layernorm), a trailing norm of the o_proj
-     * products of both head dims (K = 64 and 128: two requirements), and the layer's last norm (+ the next
-     * input_layernorm) */
-    ck_assert_int_eq(n_second, 3);
-    /* trailing norms, one requirement per distinct product: o_proj (+ post_attention_layernorm) at K = 64 and
-     * 128, down_proj (+ post_feedforward_layernorm) of both MLP widths, the PLE projection (+
-     * post_per_layer_input_norm, with and without a next layer) */
-    ck_assert_int_eq(n_trailing, 6);
+    /* norms before a product, one requirement per distinct consumer: the post-attention norm with up_proj and
+     * with gate|up at both MLP widths (128, 256), the post-FF norm with the PLE gate, the post-PLE norm with the
+     * next layer's q_proj or fused q|k|v: 64 rows (sliding q), 128 (full q; a sliding q|k|v has the same shape and
+     * parameters) and 256 (full q|k|v) */
+    ck_assert_int_eq(n_pre_attn, 4);
+    ck_assert_int_eq(n_pre_ff, 1);
+    ck_assert_int_eq(n_pre_ple, 3);
+    ck_assert_int_eq(n_alone_ple, 1);
+    /* out_scale: the per-layer input norm (* 2^-1/2) and post_per_layer_input_norm (* layer_scalar), alone after
+     * the last layer and before each of its consumers */
+    ck_assert_int_eq(n_scaled_norms, 2 + n_pre_ple);
+    /* second outputs: the post-attention norm (+ pre_feedforward_layernorm) and the post-PLE norm (+ the next
+     * input_layernorm), each in front of its consumers */
+    ck_assert_int_eq(n_second, n_pre_attn + n_pre_ple);
     int found = 0;
     for (int i = 0; i < n; i++)
         found |= strcmp(r[i]->what, "attention sliding layers (head_dim 16, 4 heads / 2 kv heads, causal, window 8, "
@@ -1062,6 +1093,7 @@ struct call {
 };
 static struct call g_calls[MAX_CALLS];
 static int g_ncalls;
+static int g_n_x_pre; /* matmuls that came with a norm before the product */
 
 static berth_status fb_alloc(berth_backend *be, uint64_t nbytes, int32_t usage, berth_buffer **out)
 {
@@ -1123,15 +1155,25 @@ static berth_status fb_upload(berth_backend *be, berth_stream *s, berth_buffer *
         g_ncalls++;                                                                                            \
         return BERTH_OK;                                                                                       \
     }
-/* A matmul with a trailing norm (y_norm) is recorded as the matmul, then that rms_norm as a call of its own: the
- * pair means exactly that sequence. */
+/* A matmul with a norm before it (x_pre) is recorded as that rms_norm as a call of its own, then the matmul; one
+ * with a trailing norm (y_norm) as the matmul, then that rms_norm: each pair means exactly that sequence. */
 static berth_status fb_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
     (void)be, (void)s;
     ck_assert_int_lt(g_ncalls + 1, MAX_CALLS);
+    ck_assert_msg(!(p->x_pre && p->y_norm), "a matmul with both x_pre and y_norm");
+    if (p->x_pre) {
+        const berth_rms_norm_params *n = p->x_pre;
+        ck_assert_mem_eq(n->y2.ne[0] != 0 ? &n->y2 : &n->y, &p->x, sizeof p->x);
+        g_calls[g_ncalls].op = BERTH_OP_RMS_NORM;
+        g_calls[g_ncalls].p.rn = *n;
+        g_ncalls++;
+        g_n_x_pre++;
+    }
     g_calls[g_ncalls].op = BERTH_OP_MATMUL;
     g_calls[g_ncalls].p.mm = *p;
     g_calls[g_ncalls].p.mm.y_norm = NULL; /* points into the caller's frame */
+    g_calls[g_ncalls].p.mm.x_pre = NULL;
     g_ncalls++;
     if (p->y_norm) {
         ck_assert_mem_eq(&p->y_norm->x, &p->y, sizeof p->y);
@@ -1406,8 +1448,12 @@ START_TEST(forward_wiring)
     b.kv = kv;
     b.logits = meta(BERTH_DTYPE_F32, 256, 2);
 
-    g_ncalls = 0;
+    g_ncalls = g_n_x_pre = 0;
     ck_assert_msg(VT()->forward(m, NULL, &b) == BERTH_OK, "forward: %s", g_err);
+    /* every post-norm but the last layer's last one came with the product that reads it: per layer the
+     * post-attention norm (gate|up or up) and the post-FF norm (the PLE gate), and the post-PLE norm of five of
+     * the six layers (the next layer's q|k|v or q) */
+    ck_assert_int_eq(g_n_x_pre, 6 * 2 + 5);
 
     /* embedding first, scaled by sqrt(64) = 8 in fp32 */
     ck_assert_int_eq(g_calls[0].op, BERTH_OP_GET_ROWS);

@@ -179,6 +179,17 @@ static int64_t pick_kb(const struct mm_kernels *k, int64_t M, int64_t K)
 
 berth_status cpu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
+    /* the norm before the product (x_pre) is the rms_norm op, then the product on its y2 (else y): bit for bit the
+     * two-op sequence. The whole op is checked first, so that a bad product leaves the norm's outputs unwritten. */
+    const berth_rms_norm_params *pre = p ? opck_matmul_x_pre(p) : NULL;
+    if (pre) {
+        struct opck ck = {.exec = 1, .be = &be->ck};
+        if (!opck_matmul(&ck, p))
+            return cpu_report(be, &ck);
+        const berth_status nst = cpu_op_rms_norm(be, s, pre);
+        if (nst != BERTH_OK)
+            return nst;
+    }
     CPU_OP_BEGIN(be, matmul, p);
     const struct mm_kernels *k = be->mmk;
     const int32_t glu = opck_matmul_glu(p);

@@ -405,6 +405,15 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV_NORM='%s' ignored: 0 (off) or the largest M in 1..8 "
                      "is expected", gn);
     }
+    /* Off by default: on the H200 the prologue measured slower than the norm's own launch (E2B batch 1: 467 against
+     * 482 tok/s, bench/RESULTS.md session 6). BERTH_CUDA_XPRE=1 turns it on, 2 only for products of <= 8192 rows. */
+    be->xpre_fuse = 0;
+    if (const char *xp = getenv("BERTH_CUDA_XPRE")) { /* a measurement switch (docs/config.md) */
+        if (xp[0] >= '0' && xp[0] <= '2' && xp[1] == '\0')
+            be->xpre_fuse = xp[0] - '0';
+        else if (*xp != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_XPRE='%s' ignored: 0, 1 or 2 is expected", xp);
+    }
     if (const char *sk = getenv("BERTH_CUDA_SKIP")) { /* an ablation switch (docs/config.md): wrong results */
         static const struct { const char *name; unsigned bit; } names[] = {
             {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},

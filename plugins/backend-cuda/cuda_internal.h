@@ -117,6 +117,9 @@ struct berth_backend {
                                  * init; for tuning runs) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 8; for A/B runs) */
+    int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
+                                 * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
+                                 * for A/B runs) */
     unsigned skip;              /* CU_SKIP_* bits: ops enqueued as nothing (env BERTH_CUDA_SKIP, read at init). A
                                  * measurement switch for ablation runs: results are wrong by design; the time a
                                  * step loses tells what those launches cost on the critical path */
@@ -258,12 +261,18 @@ CU_DECLARE_OP(gated_rms_norm, berth_gated_rms_norm_params)
 CU_DECLARE_OP(log_softmax_topk, berth_log_softmax_topk_params)
 CU_DECLARE_OP(sample, berth_sample_params)
 #undef CU_DECLARE_OP
-/* The matmul member of the op table (norm.cu): cu_op_matmul, then the trailing rms_norm (y_norm) when given. */
+/* The matmul member of the op table (norm.cu): the norm before the product (x_pre) when given, cu_op_matmul, then
+ * the trailing rms_norm (y_norm) when given. */
 berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p);
+struct cu_xpre; /* gemv_xpre.cuh */
 /* cu_op_matmul (matmul.cu) that may also finish p's trailing norm: when yn_done is not NULL and the product's
  * kernel can (gemv_norm.cuh), it does and sets *yn_done; otherwise *yn_done is left alone and nothing of the norm
- * is enqueued. */
-berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done);
+ * is enqueued. xp (from cu_xpre_plan, or NULL): the batch-1 GEMV runs p's x_pre in its prologue. */
+berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done,
+                           const struct cu_xpre *xp);
+/* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out
+ * when it can; otherwise the caller runs the norm as an op of its own first. */
+bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, struct cu_xpre *out);
 
 /* Common op prologue: exec-mode check (message through the host), then cu_enter. Used as the first line of each
  * cu_op_NAME: CU_OP_BEGIN(be, NAME, p); */

@@ -35,6 +35,12 @@
  *    when w is a weights buffer (no kernel writes it); x, y, u and bias only after it.
  *  - A trailing norm (berth_matmul_params.y_norm, Gemma 4's post-norms) runs in the grid's last block instead of
  *    a second launch (gemv_norm.cuh): the instances with YN = true end with it; the others carry no code for it.
+ *  - A norm before the product (berth_matmul_params.x_pre, Gemma 4's post-norms feeding the next projection) can
+ *    run in every block's prologue (gemv_xpre.cuh; BERTH_CUDA_XPRE=1): the XP instances rebuild x in shared memory
+ *    after the wait and read it from there, and are persistent (one wave of blocks), so the prologue runs once
+ *    per block. Off by default: on the H200 it measured slower than the norm's own launch (467 against 482 tok/s
+ *    at E2B batch 1; 461 before the instances were persistent) — every block re-reads 12 KB of inputs and runs
+ *    two block reductions right after the wait, all at once, on the critical path.
  */
 #include "gemv.cuh"
 
@@ -144,9 +150,10 @@ static __device__ __forceinline__ void gv_finish(const cu_gemv1_args &a, float (
 
 /* A team of TPR threads computes one row pair: outputs n0, n0 + 1 (rows n0, n0 + 1 of w), or with HALVES output
  * n0 from gate row n0 and up row N + n0. Thread t takes chunks t, t + TPR, ... of both rows. */
-template <int WDT, int TPR, int GLU, bool YN>
+template <int WDT, int TPR, int GLU, bool YN, bool XP>
 __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_gemv1_args a)
 {
+    extern __shared__ __align__(16) char gv_smem[]; /* XP: x rebuilt by the prologue (gemv_xpre.cuh) */
     constexpr int U = GV_U;
     constexpr int TEAMS = GV_THREADS / TPR;
     constexpr int RO = GLU == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
@@ -156,64 +163,88 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
     __shared__ float red[GV_THREADS / 32][2];
     cu_pdl_trigger();
     const int t = (int)threadIdx.x % TPR, team = (int)threadIdx.x / TPR;
-    const int64_t n0 = ((int64_t)blockIdx.x * TEAMS + team) * RO;
-    const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
-    /* an inactive team, and the second row past N, point at row N - 1: in bounds, never loaded / stored */
-    const int64_t na = active ? n0 : a.N - 1;
-    const int64_t nb = RO == 1 ? a.N + na : na + 1 < a.N ? na + 1 : na;
-    const char *w0 = a.w + na * a.ldw + t * 16, *w1 = a.w + nb * a.ldw + t * 16;
-    const int nj = active && t < a.nch ? (a.nch - 1 - t) / TPR + 1 : 0; /* this thread's chunks of a row */
-
+    /* XP instances are persistent (one wave of blocks, each taking row groups vb, vb + gridDim.x, ...: a.nvb in
+     * all), so that the prologue runs once per block instead of once per wave; the others take group blockIdx.x */
+    const int64_t nvb = XP ? a.nvb : (int64_t)gridDim.x;
     uint4 q0[U], q1[U]; /* slot u: chunk j + u of rows 0 and 1 during the step at j */
-    if (a.early) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (u < nj) {
-                q0[u] = cu_ld_stream16(w0 + u * WS);
-                q1[u] = cu_ld_stream16(w1 + u * WS);
-            }
-    }
-    cu_pdl_wait();
-    if (!a.early) {
-#pragma unroll
-        for (int u = 0; u < U; u++)
-            if (u < nj) {
-                q0[u] = cu_ld_stream16(w0 + u * WS);
-                q1[u] = cu_ld_stream16(w1 + u * WS);
-            }
-    }
+    bool loaded = false;
+    for (int64_t vb = blockIdx.x; vb < nvb; vb += gridDim.x) {
+        const int64_t n0 = (vb * TEAMS + team) * RO;
+        const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
+        /* an inactive team, and the second row past N, point at row N - 1: in bounds, never loaded / stored */
+        const int64_t na = active ? n0 : a.N - 1;
+        const int64_t nb = RO == 1 ? a.N + na : na + 1 < a.N ? na + 1 : na;
+        const char *w0 = a.w + na * a.ldw + t * 16, *w1 = a.w + nb * a.ldw + t * 16;
+        const int nj = active && t < a.nch ? (a.nch - 1 - t) / TPR + 1 : 0; /* this thread's chunks of a row */
 
-    const float *xp = a.x + t * E;
-    float s0 = 0.0f, s1 = 0.0f;
-    int j = 0;
-    /* Whole steps: each slot, once multiplied, is reloaded with the same slot of the next step. */
-    for (; j + U <= nj; j += U) {
+        if (!loaded && a.early) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            float xv[E];
-            gv_ld_x<E>(xp + u * XS, xv);
-            s0 = gv_dot<WDT, E>(q0[u], xv, s0);
-            s1 = gv_dot<WDT, E>(q1[u], xv, s1);
-            if (j + U + u < nj) {
-                q0[u] = cu_ld_stream16(w0 + (U + u) * WS);
-                q1[u] = cu_ld_stream16(w1 + (U + u) * WS);
+            for (int u = 0; u < U; u++)
+                if (u < nj) {
+                    q0[u] = cu_ld_stream16(w0 + u * WS);
+                    q1[u] = cu_ld_stream16(w1 + u * WS);
+                }
+            loaded = true;
+        }
+        if (vb == blockIdx.x) {
+            if constexpr (XP)
+                if (a.xp.early)
+                    cu_xpre_load_weights(a.xp, (int64_t)a.nch * E, gv_smem);
+            cu_pdl_wait();
+        }
+        if (!loaded) {
+#pragma unroll
+            for (int u = 0; u < U; u++)
+                if (u < nj) {
+                    q0[u] = cu_ld_stream16(w0 + u * WS);
+                    q1[u] = cu_ld_stream16(w1 + u * WS);
+                }
+        }
+        loaded = false;
+        if constexpr (XP) { /* the norm before the product: x is rebuilt in shared memory, once per block */
+            if (vb == blockIdx.x) {
+                if (!a.xp.early)
+                    cu_xpre_load_weights(a.xp, (int64_t)a.nch * E, gv_smem);
+                cu_xpre_run(a.xp, (int64_t)a.nch * E, gv_smem);
             }
         }
-        w0 += U * WS;
-        w1 += U * WS;
-        xp += U * XS;
-    }
-    /* The last nj - j < U chunks, loaded by the last whole step (or before the loop) into slots 0.. */
-#pragma unroll
-    for (int u = 0; u < U - 1; u++)
-        if (j + u < nj) {
-            float xv[E];
-            gv_ld_x<E>(xp + u * XS, xv);
-            s0 = gv_dot<WDT, E>(q0[u], xv, s0);
-            s1 = gv_dot<WDT, E>(q1[u], xv, s1);
-        }
 
-    gv_finish<TPR, GLU, YN>(a, red, t, team, n0, active, s0, s1);
+        const float *xp = (XP ? reinterpret_cast<const float *>(gv_smem) : a.x) + t * E;
+        float s0 = 0.0f, s1 = 0.0f;
+        int j = 0;
+        /* Whole steps: each slot, once multiplied, is reloaded with the same slot of the next step. */
+        for (; j + U <= nj; j += U) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                float xv[E];
+                gv_ld_x<E>(xp + u * XS, xv);
+                s0 = gv_dot<WDT, E>(q0[u], xv, s0);
+                s1 = gv_dot<WDT, E>(q1[u], xv, s1);
+                if (j + U + u < nj) {
+                    q0[u] = cu_ld_stream16(w0 + (U + u) * WS);
+                    q1[u] = cu_ld_stream16(w1 + (U + u) * WS);
+                }
+            }
+            w0 += U * WS;
+            w1 += U * WS;
+            xp += U * XS;
+        }
+        /* The last nj - j < U chunks, loaded by the last whole step (or before the loop) into slots 0.. */
+#pragma unroll
+        for (int u = 0; u < U - 1; u++)
+            if (j + u < nj) {
+                float xv[E];
+                gv_ld_x<E>(xp + u * XS, xv);
+                s0 = gv_dot<WDT, E>(q0[u], xv, s0);
+                s1 = gv_dot<WDT, E>(q1[u], xv, s1);
+            }
+
+        gv_finish<TPR, GLU, YN>(a, red, t, team, n0, active, s0, s1);
+        if constexpr (!XP)
+            break;
+        if constexpr (TPR > 32)
+            __syncthreads(); /* red[] is read by gv_finish before the next group writes it */
+    }
 }
 
 /* The same product with the weights staged through shared memory by cp.async (BERTH_CUDA_GEMV=async, for A/B
@@ -295,8 +326,12 @@ gv_async_kernel(const cu_gemv1_args a)
 template <int WDT, int GLU, bool YN, int TPR>
 static cudaError_t gv_launch_tpr(berth_backend *be, cudaStream_t cs, dim3 grid, bool async, const cu_gemv1_args &a)
 {
+    if (a.xp.on) /* the norm before the product (cu_xpre_plan: never with the async kernel or a trailing norm) */
+        return cu_launch(be, cs, dim3((unsigned)(a.nvb < a.wave ? a.nvb : a.wave)), dim3(GV_THREADS),
+                         cu_xpre_smem((int64_t)a.nch * (WDT == BERTH_DTYPE_F32 ? 4 : 8), a.xp.es1, a.xp.es2),
+                         gv_kernel<WDT, TPR, GLU, false, true>, a);
     return async ? cu_launch(be, cs, grid, dim3(GV_THREADS), 0, gv_async_kernel<WDT, TPR, GLU, YN>, a)
-                 : cu_launch(be, cs, grid, dim3(GV_THREADS), 0, gv_kernel<WDT, TPR, GLU, YN>, a);
+                 : cu_launch(be, cs, grid, dim3(GV_THREADS), 0, gv_kernel<WDT, TPR, GLU, YN, false>, a);
 }
 
 template <int WDT, int GLU, bool YN>
@@ -345,6 +380,8 @@ cudaError_t cu_gemv1(berth_backend *be, cudaStream_t cs, const cu_gemv1_args &a_
     a.tpr_log2 = lg;
     const int64_t teams = GV_THREADS >> lg;
     const dim3 grid((unsigned)((groups + teams - 1) / teams));
+    a.nvb = grid.x;
+    a.wave = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * GV_MIN_BLOCKS;
     switch (a.wdt) {
     case BERTH_DTYPE_BF16: return gv_launch_w<BERTH_DTYPE_BF16>(be, cs, grid, async, a);
     case BERTH_DTYPE_F16: return gv_launch_w<BERTH_DTYPE_F16>(be, cs, grid, async, a);

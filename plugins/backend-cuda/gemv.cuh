@@ -7,6 +7,7 @@
 
 #include "cuda_internal.h"
 #include "gemv_norm.cuh"
+#include "gemv_xpre.cuh"
 
 /* One product y = x w^T (+ bias) (+ y | the gated epilogue) for a single row x. The caller has checked the
  * layout this kernel needs: w and ldw 16-byte aligned, each row of w a whole number of 16-byte chunks, x 16-byte
@@ -27,7 +28,9 @@ struct cu_gemv1_args {
     int32_t glu_act;
     int32_t early;         /* w may be read before cu_pdl_wait (a weights buffer: no kernel writes it) */
     int32_t tpr_log2;      /* threads per row pair = 1 << tpr_log2, 5..8 (cu_gemv1 sets it) */
+    int64_t nvb, wave;     /* row groups of TEAMS teams, blocks per wave (cu_gemv1 sets them; XP: persistent) */
     cu_ynorm yn;           /* the trailing norm the last block runs on y (count NULL: none; gemv_norm.cuh) */
+    cu_xpre xp;            /* the norm each block runs before the product (on 0: none; x unused; gemv_xpre.cuh) */
 };
 
 /* Enqueue the kernel of be->gemv_mode (CU_GEMV_NEW or CU_GEMV_ASYNC) on cs, through cu_launch. Returns the

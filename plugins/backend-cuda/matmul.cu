@@ -638,10 +638,97 @@ static int mm_log2_floor(int64_t v) /* 0 for v <= 1 */
     return l;
 }
 
+/* Bytes [offset, offset + span) a view can touch. */
+static uint64_t mm_view_span(const berth_tensor *t)
+{
+    uint64_t e = mm_dtype_size(t->dtype);
+    for (int i = 0; i < 4; i++)
+        if (t->ne[i] > 1)
+            e += (uint64_t)(t->ne[i] - 1) * (uint64_t)t->nb[i];
+    return e;
+}
+
+static bool mm_views_overlap(const berth_tensor *a, const berth_tensor *b)
+{
+    if (!a->buf || a->buf != b->buf)
+        return false;
+    return a->offset < b->offset + mm_view_span(b) && b->offset < a->offset + mm_view_span(a);
+}
+
+/* A weight of the prologue: present (modes W, W_ONE_PLUS) in a dtype it widens, 16-byte chunks of K elements. */
+static bool mm_xpre_weight(int32_t mode, const berth_tensor *w, int64_t K, const void **ptr, int32_t *es, bool *early)
+{
+    *ptr = NULL;
+    *es = 0;
+    if (mode != BERTH_NORM_W && mode != BERTH_NORM_W_ONE_PLUS)
+        return true;
+    if (w->dtype != BERTH_DTYPE_F32 && w->dtype != BERTH_DTYPE_BF16 && w->dtype != BERTH_DTYPE_F16)
+        return false;
+    *ptr = cu_ptr(w);
+    *es = (int32_t)mm_dtype_size(w->dtype);
+    *early = *early && w->buf->usage == BERTH_USAGE_WEIGHTS;
+    return (uintptr_t)*ptr % 16 == 0 && (K * *es) % 16 == 0;
+}
+
+bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, cu_xpre *out)
+{
+    const berth_rms_norm_params *n = opck_matmul_x_pre(p);
+    memset(out, 0, sizeof *out);
+    if (!n || !be->xpre_fuse || be->gemv_mode != CU_GEMV_NEW || cu_nrows(&p->x) != 1 || cu_nrows(&n->x) != 1)
+        return false;
+    const int64_t N = p->w.ne[1], K = p->w.ne[0], es = (int64_t)mm_dtype_size(p->w.dtype);
+    if ((be->skip & CU_SKIP_SMALL) && (K <= 512 || N <= 512)) /* the product is skipped: run the norm alone */
+        return false;
+    if (be->xpre_fuse == 2 && N > 8192) /* measurement: only the products with few rows */
+        return false;
+    /* the batch-1 kernel's layout (mm_gemv) */
+    const int64_t ldw = N > 1 ? p->w.nb[1] : K * es;
+    if ((uintptr_t)cu_ptr(&p->w) % 16 != 0 || ldw % 16 != 0 || (K * es) % 16 != 0)
+        return false;
+    const bool y2 = opck_rms_has_y2(n);
+    if (n->resid_mode != BERTH_RESID_NONE && n->resid_mode != BERTH_RESID_ADD_AFTER)
+        return false;
+    if (K % 4 != 0 || n->x.dtype != BERTH_DTYPE_F32 || n->y.dtype != BERTH_DTYPE_F32)
+        return false;
+    out->x = (const float *)cu_ptr(&n->x);
+    out->y = (float *)cu_ptr(&n->y);
+    out->res = n->resid_mode == BERTH_RESID_ADD_AFTER ? (const float *)cu_ptr(&n->residual) : NULL;
+    out->y2 = y2 ? (float *)cu_ptr(&n->y2) : NULL;
+    if ((uintptr_t)out->x % 16 || (uintptr_t)out->y % 16 || (uintptr_t)out->res % 16 || (uintptr_t)out->y2 % 16)
+        return false;
+    bool early = true;
+    out->wmode = n->weight_mode;
+    out->w2mode = y2 ? n->y2_weight_mode : BERTH_NORM_W_NONE;
+    out->wdt = n->w.dtype;
+    out->w2dt = y2 ? n->y2_w.dtype : BERTH_DTYPE_F32;
+    if (!mm_xpre_weight(out->wmode, &n->w, K, &out->w, &out->es1, &early) ||
+        !mm_xpre_weight(out->w2mode, &n->y2_w, K, &out->w2, &out->es2, &early))
+        return false;
+    if (cu_xpre_smem(K, out->es1, out->es2) > CU_XPRE_SMEM_MAX)
+        return false;
+    /* block 0 stores the norm's outputs while the other blocks still read its inputs: no output may overlap an
+     * input of the op or the product's own output */
+    const berth_tensor *outs[2] = {&n->y, y2 ? &n->y2 : NULL};
+    const berth_tensor *reads[4] = {&n->x, out->res ? &n->residual : NULL, &p->y,
+                                    opck_matmul_glu(p) == BERTH_GLU_MUL ? &p->y_glu_up : NULL};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++)
+            if (outs[i] && reads[j] && mm_views_overlap(outs[i], reads[j]))
+                return false;
+    if (mm_views_overlap(&p->y, &n->x) || (out->res && mm_views_overlap(&p->y, &n->residual)))
+        return false;
+    out->early = early;
+    out->eps = n->eps;
+    out->oscale = opck_rms_out_scale(n);
+    out->on = 1;
+    return true;
+}
+
 /* The GEMV paths; with yn_done, the kernel also finishes p's trailing norm where cu_ynorm_plan allows (then
- * *yn_done = true once it is enqueued). */
+ * *yn_done = true once it is enqueued); with xp (cu_xpre_plan said yes), the batch-1 kernel runs p's x_pre in its
+ * prologue. */
 static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
-                            int64_t K, bool *yn_done)
+                            int64_t K, bool *yn_done, const cu_xpre *xp)
 {
     const int wdt = p->w.dtype;
     const int64_t es = (int64_t)mm_dtype_size(wdt);
@@ -672,7 +759,7 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
     }
     const bool norm = opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE;
-    if (norm || (vec && !x_aligned)) { /* the prologue, or float4 reads of unaligned rows: gather x, normalised */
+    if (!xp && (norm || (vec && !x_aligned))) { /* the prologue, or float4 reads of unaligned rows: gather x, normalised */
         const int64_t ld = mm_round_up(K, 4);
         void *ws = NULL;
         berth_status st = cu_stream_ws(be, s, (size_t)(M * ld) * sizeof(float), &ws);
@@ -704,6 +791,8 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         g.glu_act = a.glu_act;
         g.early = a.early;
         g.yn = a.yn;
+        if (xp)
+            g.xp = *xp;
         const berth_status st = cu_check(be, cu_gemv1(be, s->cs, g), "matmul: gemv kernel (gemv.cu)");
         if (st == BERTH_OK && fuse)
             *yn_done = true;
@@ -924,10 +1013,11 @@ bool cu_check_matmul(const berth_backend *be, struct opck *c, const berth_matmul
 
 berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
-    return cu_matmul_run(be, s, p, NULL);
+    return cu_matmul_run(be, s, p, NULL, NULL);
 }
 
-berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done)
+berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done,
+                           const cu_xpre *xp)
 {
     CU_OP_BEGIN(be, matmul, p);
     const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
@@ -940,6 +1030,6 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
     if (st != BERTH_OK || ran)
         return st;
     if (M <= MM_GEMV_MAX_M)
-        return mm_gemv(be, s, p, M, N, K, yn_done);
+        return mm_gemv(be, s, p, M, N, K, yn_done, xp);
     return mm_blas(be, s, p, M, N, K);
 }

@@ -26,6 +26,7 @@
 #include "cuda_launch.cuh"
 #include "gemv_norm.cuh"
 #include "norm_args.cuh"
+#include "gemv_xpre.cuh"
 
 #include <inttypes.h>
 #include <string.h>
@@ -768,16 +769,28 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
     return cu_check(be, e, "gated_rms_norm kernel");
 }
 
-/* berth_matmul_params.y_norm: the product, then this file's rms_norm on its finished y. The GEMV kernels finish
- * the norm themselves where cu_ynorm_plan allows (gemv_norm.cuh); otherwise the norm is launched after the
- * product, and stream order makes every row complete. The matmul's check covers the norm's parameters
- * (opck_matmul checks y_norm as an rms_norm); a failing product enqueues no norm. */
+/* berth_matmul_params.x_pre / y_norm: the norm before the product, the product, then rms_norm on its finished y.
+ * The batch-1 GEMV computes x_pre in its prologue where cu_xpre_plan allows (gemv_xpre.cuh), and finishes y_norm
+ * in its last block where cu_ynorm_plan allows (gemv_norm.cuh); otherwise the norms are launched before / after the
+ * product, and stream order makes every row complete. The matmul's check covers both norms' parameters
+ * (opck_matmul checks them as rms_norms); a failing step enqueues nothing after it. */
 berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
+    const berth_rms_norm_params *xn = p ? opck_matmul_x_pre(p) : NULL;
     const berth_rms_norm_params *yn = p ? opck_matmul_y_norm(p) : NULL;
+    if (xn) /* the whole op is checked before the norm is enqueued (cu_matmul_run checks it again) */
+        CU_OP_BEGIN(be, matmul, p);
+    const bool skip = (be->skip & CU_SKIP_YNORM) != 0; /* the ablation switch covers post-norms either side */
+    cu_xpre xp;
+    const bool fuse = xn && !skip && cu_xpre_plan(be, p, &xp);
+    if (xn && !fuse && !skip) {
+        const berth_status st = cu_op_rms_norm(be, s, xn);
+        if (st != BERTH_OK)
+            return st;
+    }
     bool done = false;
-    const berth_status st = cu_matmul_run(be, s, p, yn ? &done : NULL);
-    if (yn && (be->skip & CU_SKIP_YNORM))
+    const berth_status st = cu_matmul_run(be, s, p, yn ? &done : NULL, fuse ? &xp : NULL);
+    if (yn && skip)
         return st;
     return st == BERTH_OK && yn && !done ? cu_op_rms_norm(be, s, yn) : st;
 }

@@ -84,6 +84,12 @@ static inline const berth_rms_norm_params *opck_matmul_y_norm(const berth_matmul
     return BERTH_HAS(p, berth_matmul_params, y_norm) ? p->y_norm : NULL;
 }
 /* The two views are the same tensor: buffer, offset, dtype, ne and nb. */
+/* The matmul's norm before the product (x_pre), NULL when the caller's struct predates it. */
+static inline const berth_rms_norm_params *opck_matmul_x_pre(const berth_matmul_params *p)
+{
+    return BERTH_HAS(p, berth_matmul_params, x_pre) ? p->x_pre : NULL;
+}
+
 bool opck_same_view(const berth_tensor *a, const berth_tensor *b);
 /* The matmul's gated epilogue (y_glu, BERTH_GLU_*), BERTH_GLU_NONE when the caller's struct predates it. */
 static inline int32_t opck_matmul_glu(const berth_matmul_params *p)

@@ -95,6 +95,22 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         if (p->accumulate != 0)
             return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_norm needs accumulate 0");
     }
+    const berth_rms_norm_params *xp = opck_matmul_x_pre(p);
+    if (xp) {
+        /* the norm before the product: an rms_norm of its own whose y2 (else y) is this product's x, no RoPE */
+        if (!opck_rms_norm(c, xp))
+            return false;
+        if (opck_rms_rope_pairs(xp) != 0)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_pre cannot apply RoPE");
+        const bool y2 = opck_rms_has_y2_in(xp, !c->exec);
+        if (!opck_same_view(y2 ? &xp->y2 : &xp->y, &p->x))
+            return opck_fail(c, BERTH_E_INVALID, "matmul: x must be x_pre's %s (same buffer, offset, dtype and shape)",
+                             y2 ? "y2" : "y");
+        if (opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_pre and an x_norm prologue cannot be combined");
+        if (yn)
+            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_pre and y_norm cannot be combined");
+    }
     const int32_t norm = opck_matmul_norm_mode(p);
     if (norm == BERTH_NORM_W_NONE)
         return true;

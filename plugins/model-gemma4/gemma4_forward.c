@@ -5,20 +5,27 @@
  * activation memory directly (the backend may be a GPU). The same code runs in a recording mode, where each op
  * call is collected as a requirement instead of executed (see gemma4_requirements.c).
  *
- * Per layer (§3.3): input norm -> q proj (the norm is the projections' matmul prologue, here and before gate/up:
- * one op per product instead of an rms_norm op plus the product) -> q norm + RoPE (one rms_norm) -> [owners: k/v
- * proj, then kv_append with K norm + RoPE and the weightless V norm] -> attention over the cache (scale 1, causal,
- * window on sliding layers; shared layers read their source's cache) -> o proj with the post-attention norm
- * (added to the residual) as its trailing norm, which also writes the pre-FF norm -> gate/up with the GELU-tanh GLU
- * as the gate product's epilogue -> down with the post-FF norm -> PLE block (its gate product's epilogue multiplies
- * by the per-layer input; its projection carries the last norm) -> * layer_scalar (the out_scale of the layer's
- * last norm, which also writes the next layer's input norm). The residual stream ping-pongs between two buffers because the norm ops
- * only promise y may alias x, not the residual.
+ * Per layer (§3.3): input norm -> q proj (layer 0: the norm is the projections' matmul prologue; later layers: the
+ * previous layer's last norm wrote it as its second output) -> q norm + RoPE (one rms_norm) -> [owners: k/v proj,
+ * then kv_append with K norm + RoPE and the weightless V norm] -> attention over the cache (scale 1, causal, window
+ * on sliding layers; shared layers read their source's cache) -> o proj -> the post-attention norm (added to the
+ * residual), which also writes the pre-FF norm -> gate/up with the GELU-tanh GLU as the gate product's epilogue ->
+ * down -> the post-FF norm -> PLE block (its gate product's epilogue multiplies by the per-layer input) -> the
+ * post-PLE norm * layer_scalar (its out_scale), which also writes the next layer's input norm.
+ *
+ * Each post-norm travels with the product that reads its output, as that matmul's x_pre (the norm, then the
+ * product, in one op): the post-attention norm with gate|up (or up), the post-FF norm with the PLE gate (without
+ * PLE: with the next layer's q|k|v or q), the post-PLE norm with the next layer's q|k|v or q. A backend can compute
+ * the norm in the consumer's prologue; at batch 1 that saves a kernel boundary per post-norm on CUDA. run() holds
+ * each post-norm back until it sees the next op and sends it alone when that op does not read it (the last layer's
+ * last norm, before the final norm and LM head). The residual stream ping-pongs between two buffers because the
+ * norm ops only promise y may alias x, not the residual.
  */
 #include "gemma4_model.h"
 #include "gemma4_util.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #define G4_ALIGN 256u
@@ -35,11 +42,15 @@ struct g4_step {
     int fused;                 /* use the fused q|k|v and gate|up projections where the layer has them */
     int u_normed;              /* sc->u holds the next projection's pre-norm of the residual stream, written as
                                 * the second output (y2) of the norm before it: the projection needs no prologue */
+    int norm_pending;          /* pending holds a post-norm not sent yet: run() sends it with the next op */
+    berth_rms_norm_params pending;
+    const char *pending_site;
 };
 
 /* --- dispatch ---------------------------------------------------------------------------------------------- */
 
-static berth_status run(struct g4_step *st, int32_t op, const void *p, const char *site)
+/* One op to the backend, or to the requirement list when recording. */
+static berth_status dispatch(struct g4_step *st, int32_t op, const void *p, const char *site)
 {
     berth_model *m = st->m;
     if (st->record)
@@ -61,6 +72,48 @@ static berth_status run(struct g4_step *st, int32_t op, const void *p, const cha
     default: return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: unexpected op %d", (int)op);
     }
 #undef G4_CALL
+}
+
+/* Whether the matmul p can carry the pending norm as its x_pre: it reads exactly the norm's y2 (its y without
+ * one) and has neither a norm prologue nor a trailing norm of its own. (Recording, every view has buffer NULL and
+ * offset 0; the op after each post-norm is the same in both modes, and so is the answer.) */
+static int takes_pending(const struct g4_step *st, const berth_matmul_params *p)
+{
+    const berth_rms_norm_params *n = &st->pending;
+    const berth_tensor *out = n->y2.ne[0] != 0 ? &n->y2 : &n->y;
+    return p->x_norm_mode == BERTH_NORM_W_NONE && !p->y_norm && !p->x_pre && p->x.buf == out->buf &&
+           p->x.offset == out->offset && p->x.dtype == out->dtype && memcmp(p->x.ne, out->ne, sizeof out->ne) == 0 &&
+           memcmp(p->x.nb, out->nb, sizeof out->nb) == 0;
+}
+
+/* The one way ops leave this file (executed or recorded alike). A pending post-norm goes first: as the x_pre of
+ * this op when it is the matmul that reads the norm's output (a backend can then compute the norm in the
+ * product's prologue instead of a launch of its own), else as an rms_norm op of its own. */
+static berth_status run(struct g4_step *st, int32_t op, const void *p, const char *site)
+{
+    if (st->norm_pending) {
+        st->norm_pending = 0;
+        if (op == BERTH_OP_MATMUL && takes_pending(st, p)) {
+            berth_matmul_params q = *(const berth_matmul_params *)p;
+            q.x_pre = &st->pending;
+            char both[192];
+            snprintf(both, sizeof both, "%s, then %s", st->pending_site, site);
+            return dispatch(st, op, &q, both);
+        }
+        const berth_status r = dispatch(st, BERTH_OP_RMS_NORM, &st->pending, st->pending_site);
+        if (r != BERTH_OK)
+            return r;
+    }
+    return dispatch(st, op, p, site);
+}
+
+/* Sends a post-norm still pending at the end of the step (no op came after it). */
+static berth_status flush_pending(struct g4_step *st)
+{
+    if (!st->norm_pending)
+        return BERTH_OK;
+    st->norm_pending = 0;
+    return dispatch(st, BERTH_OP_RMS_NORM, &st->pending, st->pending_site);
 }
 
 static berth_tensor act(const struct g4_step *st, uint64_t off, int64_t ne0, int64_t ne1, int64_t ne2)
@@ -161,23 +214,22 @@ static void rms_then_params(struct g4_step *st, berth_tensor x, const berth_tens
 }
 
 /* a = x w^T, then the post-norm y = (residual + RMSNorm(a) * norm_w) * scale (0: none) with the next projection's
- * pre-norm as its second output (next_w; NULL: none), as one matmul with a trailing norm (y_norm): the backend may
- * finish the norm inside the product's kernel (no launch of its own at decode). The layer's last norm takes
- * layer_scalar as its scale and the next layer's input norm as next_w. */
+ * pre-norm as its second output (next_w; NULL: none). The product runs now; the norm is left pending so that run()
+ * sends it as the x_pre of the product that reads its output (a backend can compute it in that product's prologue:
+ * at batch 1 the CUDA GEMV saves a kernel boundary per post-norm), or alone when no product reads it. The layer's
+ * last norm takes layer_scalar as its scale and the next layer's input norm as next_w. */
 static berth_status op_matmul_rms_then(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor a,
                                        const berth_tensor *norm_w, const berth_tensor *residual, berth_tensor y,
-                                       float scale, const berth_tensor *next_w, const char *site)
+                                       float scale, const berth_tensor *next_w, const char *site,
+                                       const char *norm_site)
 {
-    berth_rms_norm_params rp;
-    rms_then_params(st, a, norm_w, residual, y, scale, next_w, &rp);
-    berth_matmul_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.x = x;
-    p.w = *w;
-    p.y = a;
-    p.y_norm = &rp;
-    return run(st, BERTH_OP_MATMUL, &p, site);
+    const berth_status r = op_matmul(st, x, w, a, site);
+    if (r != BERTH_OK)
+        return r;
+    rms_then_params(st, a, norm_w, residual, y, scale, next_w, &st->pending);
+    st->pending_site = norm_site;
+    st->norm_pending = 1;
+    return BERTH_OK;
 }
 
 /* The input norm of layer i + 1 (the second output of layer i's last norm), or NULL after the last layer. */
@@ -374,8 +426,8 @@ static berth_status attention_block(struct g4_step *st, int i)
     p.kv = cache;
     if ((r = run(st, BERTH_OP_ATTENTION, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) != BERTH_OK ||
         (r = op_matmul_rms_then(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, &lw->post_attn_norm, &xin, xout,
-                                0.0f, &lw->pre_ff_norm,
-                                "o_proj + post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)
+                                0.0f, &lw->pre_ff_norm, "o_proj",
+                                "post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -408,13 +460,16 @@ static berth_status mlp_block(struct g4_step *st, int i)
                                   "mlp.gate_proj")) != BERTH_OK) {
         return r;
     }
-    /* the post-FF norm rides on the down product; without PLE it is the layer's last norm: layer_scalar is its
-     * out_scale and the next layer's input norm its second output */
+    /* the post-FF norm follows the down product (sent with the PLE gate, or without PLE with the next layer's
+     * projections); without PLE it is the layer's last norm: layer_scalar is its out_scale and the next layer's
+     * input norm its second output */
     r = c->ple_dim > 0 ? op_matmul_rms_then(st, gate, &lw->down_proj, a, &lw->post_ff_norm, &xin, xout, 0.0f, NULL,
-                                            "mlp.down_proj + post_feedforward_layernorm")
+                                            "mlp.down_proj", "post_feedforward_layernorm")
                        : op_matmul_rms_then(st, gate, &lw->down_proj, a, &lw->post_ff_norm, &xin, xout,
-                                            lw->layer_scalar, next_input_norm(st, i),
-                                            "mlp.down_proj + post_feedforward_layernorm (* layer_scalar)");
+                                            lw->layer_scalar, next_input_norm(st, i), "mlp.down_proj",
+                                            i + 1 < c->n_layers
+                                                ? "post_feedforward_layernorm (* layer_scalar, + input_layernorm)"
+                                                : "post_feedforward_layernorm (* layer_scalar)");
     if (r != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
@@ -440,8 +495,9 @@ static berth_status ple_block(struct g4_step *st, int i)
     if ((r = op_matmul_glu(st, xin, &lw->ple_gate, pg, NULL, BERTH_GLU_MUL, &ple_i, "per_layer_input_gate")) !=
             BERTH_OK ||
         (r = op_matmul_rms_then(st, pg, &lw->ple_proj, a, &lw->ple_post_norm, &xin, xout, lw->layer_scalar,
-                                next_input_norm(st, i),
-                                "per_layer_projection + post_per_layer_input_norm (* layer_scalar)")) != BERTH_OK)
+                                next_input_norm(st, i), "per_layer_projection",
+                                i + 1 < c->n_layers ? "post_per_layer_input_norm (* layer_scalar, + input_layernorm)"
+                                                    : "post_per_layer_input_norm (* layer_scalar)")) != BERTH_OK)
         return r;
     st->cur = 1 - st->cur;
     return BERTH_OK;
@@ -483,6 +539,8 @@ static berth_status run_step(struct g4_step *st)
     }
     if (r == BERTH_OK)
         r = head(st);
+    if (r == BERTH_OK) /* no logit rows: the last layer's last norm is still pending */
+        r = flush_pending(st);
     return r;
 }
 
@@ -579,10 +637,10 @@ berth_status g4_requirements_build(berth_model *m)
     b.logits = g4_f32(NULL, 0, c->vocab, 1, 1);
 
     /* Both forms: whether the weights get fused is only known at load(), after the backend was chosen. */
-    struct g4_step st = {m, NULL, &b, 1, NULL, &sc, 1, 0, 0, 0};
+    struct g4_step st = {.m = m, .b = &b, .record = 1, .sc = &sc, .T = 1};
     berth_status r = run_step(&st);
     if (r == BERTH_OK) {
-        struct g4_step fst = {m, NULL, &b, 1, NULL, &sc, 1, 0, 1, 0};
+        struct g4_step fst = {.m = m, .b = &b, .record = 1, .sc = &sc, .T = 1, .fused = 1};
         r = run_step(&fst);
     }
     return r;
@@ -638,7 +696,8 @@ berth_status g4_forward(berth_model *m, berth_stream *s, const berth_batch *b)
     berth_status r = check_batch(m, b);
     if (r != BERTH_OK)
         return r;
-    struct g4_step st = {m, s, b, 0, m->scratch_buf, &m->scratch, b->n_tokens, 0, m->fused, 0};
+    struct g4_step st = {.m = m, .s = s, .b = b, .buf = m->scratch_buf, .sc = &m->scratch, .T = b->n_tokens,
+                          .fused = m->fused};
     if ((r = run_step(&st)) != BERTH_OK)
         return r;
 

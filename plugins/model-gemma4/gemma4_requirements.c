@@ -52,6 +52,8 @@ static void canon(int32_t op, void *p)
         canon_tensor(&q->x_norm_w), canon_tensor(&q->y_glu_up);
         if (q->y_norm) /* the recorded copy's own trailing norm (g4_req_record) */
             canon(BERTH_OP_RMS_NORM, (void *)q->y_norm);
+        if (q->x_pre) /* and its own norm before the product */
+            canon(BERTH_OP_RMS_NORM, (void *)q->x_pre);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -122,8 +124,9 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
         if (q->y_glu != BERTH_GLU_NONE)
             snprintf(gdesc, sizeof gdesc, ", %s GLU epilogue (%s)", act_name(q->y_glu_act),
                      q->y_glu == BERTH_GLU_HALVES ? "gate and up halves" : "times y_glu_up");
-        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s%s)", site,
-                 g4_dtype_name(q->w.dtype), (long long)q->w.ne[1], (long long)q->w.ne[0], ndesc, gdesc,
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s%s%s)", site,
+                 g4_dtype_name(q->w.dtype), (long long)q->w.ne[1], (long long)q->w.ne[0],
+                 q->x_pre ? ", x from an rms_norm before it" : "", ndesc, gdesc,
                  q->y_norm ? ", then an rms_norm of y" : "");
         break;
     }
@@ -176,17 +179,25 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     }
 }
 
-/* Same recorded parameters: bytes, except that a matmul's y_norm pointers are compared by what they point to. */
+/* Two optional norms (NULL or recorded copies) are the same: both absent, or equal bytes. */
+static int same_norm(const berth_rms_norm_params *a, const berth_rms_norm_params *b)
+{
+    return a && b ? memcmp(a, b, sizeof *a) == 0 : a == b;
+}
+
+/* Same recorded parameters: bytes, except that a matmul's y_norm and x_pre pointers are compared by what they point
+ * to. */
 static int same_params(int32_t op, const void *a, const void *b)
 {
     if (op != BERTH_OP_MATMUL)
         return memcmp(a, b, params_size(op)) == 0;
     berth_matmul_params x = *(const berth_matmul_params *)a, y = *(const berth_matmul_params *)b;
-    const berth_rms_norm_params *nx = x.y_norm, *ny = y.y_norm;
+    const berth_rms_norm_params *nx = x.y_norm, *ny = y.y_norm, *px = x.x_pre, *py = y.x_pre;
     x.y_norm = y.y_norm = NULL;
+    x.x_pre = y.x_pre = NULL;
     if (memcmp(&x, &y, sizeof x) != 0)
         return 0;
-    return nx && ny ? memcmp(nx, ny, sizeof *nx) == 0 : nx == ny;
+    return same_norm(nx, ny) && same_norm(px, py);
 }
 
 berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const char *site)
@@ -194,16 +205,22 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     size_t sz = params_size(op);
     if (sz == 0)
         return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: recording unknown op %d", (int)op);
-    /* A matmul's trailing norm is copied into the same allocation, right after it. */
-    const berth_rms_norm_params *yn = op == BERTH_OP_MATMUL ? ((const berth_matmul_params *)params)->y_norm : NULL;
-    void *copy = malloc(sz + (yn ? sizeof *yn : 0));
+    /* A matmul's trailing norm (y_norm) and norm before it (x_pre) are copied into the same allocation, right
+     * after it, in that order. */
+    const berth_matmul_params *mp = op == BERTH_OP_MATMUL ? params : NULL;
+    const berth_rms_norm_params *yn = mp ? mp->y_norm : NULL, *xp = mp ? mp->x_pre : NULL;
+    void *copy = malloc(sz + ((yn != NULL) + (xp != NULL)) * sizeof(berth_rms_norm_params));
     if (!copy)
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
     memcpy(copy, params, sz);
+    berth_rms_norm_params *own = (berth_rms_norm_params *)((char *)copy + sz);
     if (yn) {
-        berth_rms_norm_params *own = (berth_rms_norm_params *)((char *)copy + sz);
         memcpy(own, yn, sizeof *own);
-        ((berth_matmul_params *)copy)->y_norm = own;
+        ((berth_matmul_params *)copy)->y_norm = own++;
+    }
+    if (xp) {
+        memcpy(own, xp, sizeof *own);
+        ((berth_matmul_params *)copy)->x_pre = own;
     }
     canon(op, copy);
     for (int i = 0; i < m->n_reqs; i++) {

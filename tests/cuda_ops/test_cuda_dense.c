@@ -1487,6 +1487,196 @@ START_TEST(test_matmul_y_norm_graph)
 }
 END_TEST
 
+/* ---------------------------------------------------------------------------------------------------------------
+ * matmul with a norm before the product (x_pre): an rms_norm whose y2 (or y) is the product's x, then the product,
+ * as one op. The CUDA backend computes the norm in every block of its batch-1 GEMV (plugins/backend-cuda/
+ * gemv_xpre.cuh; block 0 stores the norm's outputs) where cu_xpre_plan allows, and launches the norm first
+ * otherwise (M > 1, ADD_BEFORE, outputs that overlap inputs, K not a multiple of 4, rows too long for its shared
+ * memory). Each case runs three times:
+ *  1. on both backends, compared: the norm's outputs to a few times fp32 rounding, the product to its bound;
+ *  2. the CUDA side again with its outputs poisoned: the same bytes (every block rebuilt the same row);
+ *  3. the CUDA side as two ops (rms_norm, then the plain matmul): close to run 1 (the fused norm sums in another
+ *     order, so not always the same bytes).
+ * Outputs start as NaN bytes. */
+
+struct xp_case {
+    int64_t M, K, N;  /* K: the norm's row length and the product's depth */
+    berth_dtype wdt;  /* the product's weights */
+    int glu;          /* BERTH_GLU_NONE / HALVES / MUL */
+    int wmode;        /* the norm: weight mode, weight dtype (also y2's), residual mode, out_scale (0: none) */
+    berth_dtype nwdt;
+    int rmode;
+    float oscale;
+    int y2mode;       /* -1: no second output: the product reads the norm's y */
+    int in_place;     /* the norm's y is its residual (not fused: block 0 would overwrite what others read) */
+};
+
+static const struct xp_case xp_cases[] = {
+    /* Gemma 4 E2B: post-attention norm + pre-FF norm feeding gate|up; post-FF norm feeding the PLE gate (x = y);
+     * the post-PLE norm with the layer scalar feeding the next layer's q|k|v */
+    {1, 1536, 6144, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
+    {1, 1536, 2560, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, 0},
+    /* several waves of blocks (block 0 stores while later blocks still read) */
+    {1, 1536, 24576, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    /* f32 / f16 weights, the other weight modes, no residual, a short row */
+    {1, 1536, 512, F32, BERTH_GLU_NONE, BERTH_NORM_W_ONE_PLUS, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_UNIT, 0},
+    {1, 264, 1536, F16, BERTH_GLU_NONE, BERTH_NORM_UNIT, F16, BERTH_RESID_NONE, 0.0f, BERTH_NORM_W, 0},
+    {1, 512, 777, BF16, BERTH_GLU_MUL, BERTH_NORM_W_NONE, BF16, BERTH_RESID_ADD_AFTER, 2.0f, BERTH_NORM_W_ONE_PLUS, 0},
+    {1, 4096, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    /* launched as two ops: in place, ADD_BEFORE, M > 1 (GEMV, skinny, cuBLAS), K = 77, a row too long */
+    {1, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 1},
+    {1, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_BEFORE, 0.0f, BERTH_NORM_W, 0},
+    {3, 1536, 1536, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {8, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, -1, 0},
+    {20, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {1, 77, 1536, F32, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {1, 6144, 256, BF16, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+};
+#define N_XP_CASES ((int)(sizeof xp_cases / sizeof xp_cases[0]))
+
+static void xp_run(const struct xp_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N, WN = c->glu == BERTH_GLU_HALVES ? 2 * N : N;
+    char what[220];
+    snprintf(what, sizeof what,
+             "matmul + x_pre M=%lld K=%lld N=%lld w=%s glu=%d norm %s (%s) resid=%s out_scale=%g y2=%s in_place=%d",
+             (long long)M, (long long)K, (long long)N, hx_dtype_name(c->wdt), c->glu, wmode_names[c->wmode],
+             hx_dtype_name(c->nwdt), rmode_names[c->rmode], (double)c->oscale,
+             c->y2mode >= 0 ? wmode_names[c->y2mode] : "none", c->in_place);
+    struct hx_tensor T = hx_new(F32, K, M, 0, 0), R = hx_new(F32, K, M, 0, 0), NY = hx_new(F32, K, M, 0, 0),
+                     Y2 = hx_new(F32, K, M, 0, 0), NW = hx_new(c->nwdt, K, 0, 0, 0), W2 = hx_new(c->nwdt, K, 0, 0, 0),
+                     W = hx_new(c->wdt, K, WN, 0, 0), U = hx_new(F32, N, M, 0, 0), Y = hx_new(F32, N, M, 0, 0);
+    hx_rand(&T, -1.0f, 1.0f);
+    hx_rand(&R, -1.0f, 1.0f);
+    hx_rand(&NW, -1.0f, 1.0f);
+    hx_rand(&W2, -1.0f, 1.0f);
+    hx_rand(&W, -1.0f, 1.0f);
+    hx_rand(&U, -1.0f, 1.0f);
+    float *rinit = malloc(R.bytes);
+    ck_assert_ptr_nonnull(rinit);
+    hx_get(&R, HX_CPU, rinit);
+    berth_rms_norm_params rp[2];
+    berth_matmul_params p[2];
+    for (int s = 0; s < 2; s++) {
+        berth_rms_norm_params *r = &rp[s];
+        memset(r, 0, sizeof *r);
+        r->struct_size = sizeof *r;
+        r->weight_mode = c->wmode;
+        r->resid_mode = c->rmode;
+        r->eps = 1e-6f;
+        r->x = T.t[s];
+        if (c->wmode == BERTH_NORM_W || c->wmode == BERTH_NORM_W_ONE_PLUS)
+            r->w = NW.t[s];
+        if (c->rmode != BERTH_RESID_NONE)
+            r->residual = R.t[s];
+        r->y = c->in_place ? R.t[s] : NY.t[s];
+        r->out_scale = c->oscale;
+        if (c->y2mode >= 0) {
+            r->y2_weight_mode = c->y2mode;
+            if (c->y2mode == BERTH_NORM_W || c->y2mode == BERTH_NORM_W_ONE_PLUS)
+                r->y2_w = W2.t[s];
+            r->y2 = Y2.t[s];
+        }
+        berth_matmul_params *m = &p[s];
+        memset(m, 0, sizeof *m);
+        m->struct_size = sizeof *m;
+        m->x = c->y2mode >= 0 ? r->y2 : r->y;
+        m->w = W.t[s];
+        m->y = Y.t[s];
+        m->y_glu = c->glu;
+        m->y_glu_act = BERTH_ACT_GELU_TANH;
+        if (c->glu == BERTH_GLU_MUL)
+            m->y_glu_up = U.t[s];
+        m->x_pre = r;
+    }
+    /* what the op writes: the product's y, the norm's y (or the residual), y2, the residual of ADD_BEFORE */
+    const struct hx_tensor *outs[4] = {&Y, c->in_place ? &R : &NY, c->y2mode >= 0 ? &Y2 : NULL,
+                                       c->rmode == BERTH_RESID_ADD_BEFORE && !c->in_place ? &R : NULL};
+    hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
+    /* the normalised rows have rms about 1 (|weight| <= 2); each GLU output is a product of two sums */
+    double scale = 2.0 * sqrt((double)K);
+    if (c->glu == BERTH_GLU_HALVES)
+        scale *= 2.0 * sqrt((double)K);
+    const bool rounded = mm_x_rounded(M, K, c->wdt);
+    const double yatol = rounded ? 6e-3 * scale : 3e-5 * scale, yrtol = rounded ? 0.0 : 1e-5;
+    char w2[300];
+    snprintf(w2, sizeof w2, "%s: product y", what);
+    hx_expect_close(&Y, yatol, yrtol, w2);
+    for (int i = 1; i < 4; i++)
+        if (outs[i]) {
+            snprintf(w2, sizeof w2, "%s: norm output %d", what, i);
+            hx_expect_close(outs[i], 3e-5 * fmax(1.0, c->oscale), 1e-5, w2);
+        }
+
+    /* 2: again, outputs poisoned and the residual restored: the same bytes */
+    const struct hx_side *g = &hx->side[HX_GPU];
+    void *snap[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < 4; i++)
+        if (outs[i]) {
+            snap[i] = malloc(outs[i]->bytes);
+            ck_assert_ptr_nonnull(snap[i]);
+            hx_get(outs[i], HX_GPU, snap[i]);
+        }
+    for (int run = 0; run < 2; run++) {
+        ck_assert(g->vt->buffer_upload(g->be, g->s, R.buf[HX_GPU], 0, rinit, R.bytes) == BERTH_OK);
+        for (int i = 0; i < 4; i++)
+            if (outs[i] && outs[i] != &R)
+                ck_assert(g->vt->buffer_fill(g->be, g->s, outs[i]->buf[HX_GPU], 0, 0xFF, outs[i]->bytes) ==
+                          BERTH_OK);
+        if (run == 0) {
+            ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &p[HX_GPU]) == BERTH_OK, "%s: second run: %s", what,
+                          hx_last_error);
+        } else { /* 3: as two ops */
+            berth_matmul_params plain = p[HX_GPU];
+            plain.x_pre = NULL;
+            ck_assert_msg(hx_op(HX_GPU, BERTH_OP_RMS_NORM, &rp[HX_GPU]) == BERTH_OK, "%s: rms_norm alone: %s", what,
+                          hx_last_error);
+            ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &plain) == BERTH_OK, "%s: matmul alone: %s", what,
+                          hx_last_error);
+        }
+        hx_sync();
+        for (int i = 0; i < 4; i++) {
+            if (!outs[i])
+                continue;
+            const int64_t n = (int64_t)(outs[i]->bytes / sizeof(float));
+            float *got = malloc(outs[i]->bytes);
+            ck_assert_ptr_nonnull(got);
+            hx_get(outs[i], HX_GPU, got);
+            const float *want = snap[i];
+            const double tol = i == 0 ? yatol : 3e-5 * fmax(1.0, c->oscale);
+            for (int64_t k = 0; k < n; k++) {
+                const bool same = memcmp(&got[k], &want[k], sizeof(float)) == 0;
+                if (run == 0 ? !same : !(fabs((double)got[k] - (double)want[k]) <= tol + 1e-5 * fabs(want[k]))) {
+                    const double gv = got[k], wv = want[k];
+                    free(got);
+                    ck_abort_msg("%s: %s: output %d element %lld is %.9g, the first run wrote %.9g", what,
+                                 run == 0 ? "second run" : "rms_norm, then matmul", i, (long long)k, gv, wv);
+                }
+            }
+            free(got);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        free(snap[i]);
+    free(rinit);
+    hx_free(&T);
+    hx_free(&R);
+    hx_free(&NY);
+    hx_free(&Y2);
+    hx_free(&NW);
+    hx_free(&W2);
+    hx_free(&W);
+    hx_free(&U);
+    hx_free(&Y);
+}
+
+START_TEST(test_matmul_x_pre)
+{
+    xp_run(&xp_cases[_i]);
+}
+END_TEST
+
 /* --------------------------------------------------------------------------------------------------------------- */
 
 static Suite *make_suite(void)
@@ -1501,6 +1691,7 @@ static Suite *make_suite(void)
     tcase_add_loop_test(tc, test_matmul_skinny, 0, N_SK_CASES);
     tcase_add_loop_test(tc, test_matmul_y_norm, 0, N_YN_CASES);
     tcase_add_test(tc, test_matmul_y_norm_graph);
+    tcase_add_loop_test(tc, test_matmul_x_pre, 0, N_XP_CASES);
     suite_add_tcase(s, tc);
     tc = tcase_create("norm");
     tcase_set_timeout(tc, 120);
