@@ -377,6 +377,48 @@ static void expect_tensor_core_bound(const struct attn_case *c, const struct poo
     free(cpu);
 }
 
+/* kv_append's params for one side: c's norms (eps 1e-6) and RoPE; K and V are views into kvin, a fused projection
+ * output {n_kvh * (D + DV), T} (per token: K of every KV head, then V). pos, knw, vnw and freqs are read only when
+ * c uses RoPE / weighted norms (NULL otherwise). */
+static berth_kv_append_params append_params(const struct attn_case *c, const struct pool *pool, int side,
+                                            const struct hx_tensor *kvin, const struct hx_tensor *slots,
+                                            const struct hx_tensor *pos, const struct hx_tensor *knw,
+                                            const struct hx_tensor *vnw, const struct hx_tensor *freqs)
+{
+    const int64_t T = kvin->ne[1], in_row = (int64_t)c->n_kvh * (c->D + c->DV) * 4;
+    berth_kv_append_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.k_norm_mode = c->k_norm;
+    p.v_norm_mode = c->v_norm;
+    p.eps = 1e-6f;
+    p.rope_mode = c->rope_mode;
+    p.rope_pair_offset = c->rope_off;
+    p.rope_n_pairs = c->rope_pairs;
+    p.k = view3(kvin, side, 0, c->D, c->n_kvh, T, (int64_t)c->D * 4, in_row);
+    p.v = view3(kvin, side, (uint64_t)c->n_kvh * c->D * 4, c->DV, c->n_kvh, T, (int64_t)c->DV * 4, in_row);
+    p.slots = slots->t[side];
+    if (c->k_norm == BERTH_NORM_W || c->k_norm == BERTH_NORM_W_ONE_PLUS)
+        p.k_norm = knw->t[side];
+    if (c->v_norm == BERTH_NORM_W || c->v_norm == BERTH_NORM_W_ONE_PLUS)
+        p.v_norm = vnw->t[side];
+    if (c->rope_pairs > 0) {
+        p.positions = pos->t[side];
+        p.rope_freqs = freqs->t[side];
+    }
+    p.kv = pool_view(pool, side);
+    return p;
+}
+
+/* The fp32 tolerance of an attention output (atol = rtol). Both sides accumulate fp32 dot products in different
+ * orders; the score error grows with the score's size, about scale * sqrt(D) for unit-RMS q and k (Gemma: scale 1,
+ * D 512 -> ~1e-5 seen in outputs), and reaches the output through e^score. A wrong key, weight or mask costs 1e-3
+ * or more. */
+static double att_tol(float scale, int D)
+{
+    return 2e-5 * fmax(1.0, scale * sqrt((double)D) / 4.0);
+}
+
 static void run_case(const struct attn_case *c)
 {
     const int ns = c->n_seqs, H = c->n_kvh * c->n_rep;
@@ -450,29 +492,8 @@ static void run_case(const struct attn_case *c)
         hx_set(&freqs, f);
         free(f);
     }
-    const int64_t in_row = (int64_t)c->n_kvh * (c->D + c->DV) * 4;
     for (int side = 0; side < 2; side++) {
-        berth_kv_append_params p;
-        memset(&p, 0, sizeof p);
-        p.struct_size = sizeof p;
-        p.k_norm_mode = c->k_norm;
-        p.v_norm_mode = c->v_norm;
-        p.eps = 1e-6f;
-        p.rope_mode = c->rope_mode;
-        p.rope_pair_offset = c->rope_off;
-        p.rope_n_pairs = c->rope_pairs;
-        p.k = view3(&kvin, side, 0, c->D, c->n_kvh, T_app, (int64_t)c->D * 4, in_row);
-        p.v = view3(&kvin, side, (uint64_t)c->n_kvh * c->D * 4, c->DV, c->n_kvh, T_app, (int64_t)c->DV * 4, in_row);
-        p.slots = tslots.t[side];
-        if (c->k_norm == BERTH_NORM_W || c->k_norm == BERTH_NORM_W_ONE_PLUS)
-            p.k_norm = knw.t[side];
-        if (c->v_norm == BERTH_NORM_W || c->v_norm == BERTH_NORM_W_ONE_PLUS)
-            p.v_norm = vnw.t[side];
-        if (c->rope_pairs > 0) {
-            p.positions = tapos.t[side];
-            p.rope_freqs = freqs.t[side];
-        }
-        p.kv = pool_view(&pool, side);
+        const berth_kv_append_params p = append_params(c, &pool, side, &kvin, &tslots, &tapos, &knw, &vnw, &freqs);
         const berth_status st = hx_op(side, BERTH_OP_KV_APPEND, &p);
         ck_assert_msg(st == BERTH_OK, "%s: kv_append on %s: status %d: %s", c->name, side ? "cuda" : "cpu", st,
                       hx_last_error);
@@ -542,10 +563,7 @@ static void run_case(const struct attn_case *c)
                       hx_last_error);
     }
     hx_sync();
-    /* Both sides accumulate fp32 dot products in different orders; the score error grows with the score's size,
-     * about scale * sqrt(D) for unit-RMS q and k (Gemma: scale 1, D 512 -> ~1e-5 seen in outputs), and reaches the
-     * output through e^score. A wrong key, weight or mask costs 1e-3 or more. */
-    const double tol = 2e-5 * fmax(1.0, c->scale * sqrt((double)c->D) / 4.0);
+    const double tol = att_tol(c->scale, c->D);
     snprintf(what, sizeof what, "%s: attention output", c->name);
     if (tensor_core_expected(c, &pool, T)) {
         float *qh = malloc(q.bytes), *gh = malloc(gate.bytes);
@@ -905,30 +923,126 @@ static void dec_set_lengths(const struct dec_case *dc, int bt_w, const int *bloc
     free(bt);
 }
 
-/* The output check of a decode case: the tensor-core bound when that kernel ran (tensor_core_expected), else the
- * fp32 tolerance. The reference reads the CPU side's pool, tables and q. */
-static void dec_expect(const struct attn_case *c, const struct pool *pool, int bt_w, struct hx_tensor *out,
-                       struct hx_tensor *q, struct hx_tensor *gate, struct hx_tensor *tbt, struct hx_tensor *tkv,
-                       struct hx_tensor *tpos, struct hx_tensor *tqs, double tol, const char *what)
+/* A decode call over a random pool, ready to run (dec_run and the kv_append + attention tests below): the case as
+ * struct attn_case, a block table whose every slot owns a block of the pool (shuffled, so any length up to
+ * bt_w * bs is valid data), random q and gate, one query row per sequence, and the sequences' lengths uploaded. */
+struct dec_state {
+    struct attn_case c;
+    int bt_w, qmis; /* qmis: q rows start one element into theirs (layout 2: not 16-byte aligned either) */
+    int *blocks;    /* [n_seqs][bt_w]: the pool block of each table slot */
+    struct pool pool;
+    struct hx_tensor q, out, gate, tpos, tqs, tkv, tbt;
+};
+
+/* room: keys every sequence may gain past dc->kv_len (a table of width dc->bt_w == 0 is sized for them). */
+static void dec_setup(const struct dec_case *dc, int room, struct dec_state *st)
 {
+    memset(st, 0, sizeof *st);
+    struct attn_case *c = &st->c;
+    c->name = dc->name;
+    c->kv_dt = dc->kv_dt;
+    c->D = dc->D, c->DV = dc->DV, c->n_kvh = dc->n_kvh, c->n_rep = dc->n_rep, c->bs = dc->bs, c->layout = dc->layout;
+    c->n_seqs = dc->n_seqs, c->mask = dc->mask, c->window = dc->window, c->scale = dc->scale;
+    c->softcap = dc->softcap, c->gate = dc->gate;
+    const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, T = ns;
+    ck_assert(ns >= 1 && ns <= DEC_MAX_SEQS);
+    int bt_w = dc->bt_w, max_kv = 0;
+    for (int s = 0; s < ns; s++) {
+        const int len = dc->kv_len[s] + room, nb = (len + dc->bs - 1) / dc->bs;
+        if (dc->bt_w == 0 && nb + 1 > bt_w)
+            bt_w = nb + 1;
+        max_kv = len > max_kv ? len : max_kv;
+    }
+    ck_assert_msg(bt_w >= 1 && (int64_t)bt_w * dc->bs >= max_kv, "%s: table too narrow", dc->name);
+    st->bt_w = bt_w;
+    const int n_blocks = ns * bt_w + 1;
+    st->blocks = malloc(sizeof(int) * (size_t)n_blocks);
+    ck_assert(st->blocks);
+    for (int i = 0; i < n_blocks; i++)
+        st->blocks[i] = i;
+    shuffle_int(st->blocks, n_blocks);
+    pool_make(&st->pool, c, n_blocks); /* random contents, the same on both sides */
+
+    st->qmis = dc->layout == 2;
+    st->q = hx_new(BERTH_DTYPE_F32, dc->D + st->qmis, H, T, 0);
+    st->out = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
+    st->gate = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
+    st->tpos = hx_new(BERTH_DTYPE_I32, T, 0, 0, 0);
+    st->tqs = hx_new(BERTH_DTYPE_I32, ns + 1, 0, 0, 0);
+    st->tkv = hx_new(BERTH_DTYPE_I32, ns, 0, 0, 0);
+    st->tbt = hx_new(BERTH_DTYPE_I32, bt_w, ns, 0, 0);
+    hx_rand(&st->q, -0.5f, 0.5f);
+    hx_rand(&st->gate, -3.0f, 3.0f);
+    int32_t qs[DEC_MAX_SEQS + 1];
+    for (int s = 0; s <= ns; s++)
+        qs[s] = s;
+    hx_set(&st->tqs, qs);
+    dec_set_lengths(dc, bt_w, st->blocks, dc->kv_len, &st->tbt, &st->tkv, &st->tpos);
+}
+
+/* The attention params of the decode call for one side; max_kv: the batch's longest sequence. */
+static berth_attention_params dec_params(const struct dec_case *dc, const struct dec_state *st, int side, int max_kv)
+{
+    const int H = dc->n_kvh * dc->n_rep, T = dc->n_seqs, qrow = dc->D + st->qmis;
+    berth_attention_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.mask = dc->mask;
+    p.window = dc->window;
+    p.scale = dc->scale;
+    p.softcap = dc->softcap;
+    p.n_seqs = dc->n_seqs;
+    p.max_q_len = 1;
+    p.max_kv_len = max_kv;
+    p.q = view3(&st->q, side, st->qmis ? 4 : 0, dc->D, H, T, (int64_t)qrow * 4, (int64_t)qrow * 4 * H);
+    p.out = st->out.t[side];
+    if (dc->gate)
+        p.gate = st->gate.t[side];
+    p.positions = st->tpos.t[side];
+    p.seq_q_start = st->tqs.t[side];
+    p.seq_kv_len = st->tkv.t[side];
+    p.block_table = st->tbt.t[side];
+    p.kv = pool_view(&st->pool, side);
+    return p;
+}
+
+static void dec_free(struct dec_state *st)
+{
+    hx_free(&st->q);
+    hx_free(&st->out);
+    hx_free(&st->gate);
+    hx_free(&st->tpos);
+    hx_free(&st->tqs);
+    hx_free(&st->tkv);
+    hx_free(&st->tbt);
+    hx_free(&st->pool.mem);
+    free(st->blocks);
+}
+
+/* The output check of a decode call: the tensor-core bound when that kernel ran (tensor_core_expected), else the
+ * fp32 tolerance tol. The reference reads the CPU side's pool, tables and q. */
+static void dec_expect(const struct dec_state *st, double tol, const char *what)
+{
+    const struct attn_case *c = &st->c;
     const int T = c->n_seqs;
-    if (!tensor_core_expected(c, pool, T)) {
-        hx_expect_close(out, tol, tol, what);
+    if (!tensor_core_expected(c, &st->pool, T)) {
+        hx_expect_close(&st->out, tol, tol, what);
         return;
     }
-    unsigned char *pb = malloc(pool->mem.bytes);
-    int32_t *bt = malloc(tbt->bytes), *kvl = malloc(tkv->bytes), *pos = malloc(tpos->bytes), *qs = malloc(tqs->bytes);
-    float *qh = malloc(q->bytes), *gh = malloc(gate->bytes);
+    unsigned char *pb = malloc(st->pool.mem.bytes);
+    int32_t *bt = malloc(st->tbt.bytes), *kvl = malloc(st->tkv.bytes), *pos = malloc(st->tpos.bytes);
+    int32_t *qs = malloc(st->tqs.bytes);
+    float *qh = malloc(st->q.bytes), *gh = malloc(st->gate.bytes);
     ck_assert(pb && bt && kvl && pos && qs && qh && gh);
-    hx_get(&((struct pool *)pool)->mem, HX_CPU, pb);
-    hx_get(tbt, HX_CPU, bt);
-    hx_get(tkv, HX_CPU, kvl);
-    hx_get(tpos, HX_CPU, pos);
-    hx_get(tqs, HX_CPU, qs);
-    hx_get_f32(q, HX_CPU, qh);
-    hx_get_f32(gate, HX_CPU, gh);
-    const struct ref_inputs in = {pb, bt, pos, qs, kvl, bt_w, T, qh, gh};
-    expect_tensor_core_bound(c, pool, &in, out, tol, what);
+    hx_get(&st->pool.mem, HX_CPU, pb);
+    hx_get(&st->tbt, HX_CPU, bt);
+    hx_get(&st->tkv, HX_CPU, kvl);
+    hx_get(&st->tpos, HX_CPU, pos);
+    hx_get(&st->tqs, HX_CPU, qs);
+    hx_get_f32(&st->q, HX_CPU, qh);
+    hx_get_f32(&st->gate, HX_CPU, gh);
+    const struct ref_inputs in = {pb, bt, pos, qs, kvl, st->bt_w, T, qh, gh};
+    expect_tensor_core_bound(c, &st->pool, &in, &st->out, tol, what);
     free(pb);
     free(bt);
     free(kvl);
@@ -940,83 +1054,28 @@ static void dec_expect(const struct attn_case *c, const struct pool *pool, int b
 
 static void dec_run(const struct dec_case *dc)
 {
-    struct attn_case c;
-    memset(&c, 0, sizeof c);
-    c.name = dc->name;
-    c.kv_dt = dc->kv_dt;
-    c.D = dc->D, c.DV = dc->DV, c.n_kvh = dc->n_kvh, c.n_rep = dc->n_rep, c.bs = dc->bs, c.layout = dc->layout;
-    c.n_seqs = dc->n_seqs, c.mask = dc->mask, c.window = dc->window, c.scale = dc->scale, c.softcap = dc->softcap;
-    c.gate = dc->gate;
+    struct dec_state st;
+    dec_setup(dc, 0, &st);
     const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, T = ns;
-    ck_assert(ns >= 1 && ns <= DEC_MAX_SEQS);
-    int bt_w = dc->bt_w, max_kv = 0;
-    for (int s = 0; s < ns; s++) {
-        const int nb = (dc->kv_len[s] + dc->bs - 1) / dc->bs;
-        if (dc->bt_w == 0 && nb + 1 > bt_w)
-            bt_w = nb + 1;
+    int max_kv = 0;
+    for (int s = 0; s < ns; s++)
         max_kv = dc->kv_len[s] > max_kv ? dc->kv_len[s] : max_kv;
-    }
-    ck_assert_msg(bt_w >= 1 && (int64_t)bt_w * dc->bs >= max_kv, "%s: table too narrow", dc->name);
-    /* Every table slot of every sequence owns a block (shuffled), so any length up to bt_w * bs is valid data. */
-    const int n_blocks = ns * bt_w + 1;
-    int *blocks = malloc(sizeof(int) * (size_t)n_blocks);
-    ck_assert(blocks);
-    for (int i = 0; i < n_blocks; i++)
-        blocks[i] = i;
-    shuffle_int(blocks, n_blocks);
-    struct pool pool;
-    pool_make(&pool, &c, n_blocks); /* random contents, the same on both sides */
-
-    const int qmis = dc->layout == 2; /* q rows not 16-byte aligned either */
-    struct hx_tensor q = hx_new(BERTH_DTYPE_F32, dc->D + qmis, H, T, 0), out = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
-    struct hx_tensor gate = hx_new(BERTH_DTYPE_F32, dc->DV, H, T, 0);
-    struct hx_tensor tpos = hx_new(BERTH_DTYPE_I32, T, 0, 0, 0), tqs = hx_new(BERTH_DTYPE_I32, ns + 1, 0, 0, 0);
-    struct hx_tensor tkv = hx_new(BERTH_DTYPE_I32, ns, 0, 0, 0), tbt = hx_new(BERTH_DTYPE_I32, bt_w, ns, 0, 0);
-    hx_rand(&q, -0.5f, 0.5f);
-    hx_rand(&gate, -3.0f, 3.0f);
-    {
-        int32_t qs[DEC_MAX_SEQS + 1];
-        for (int s = 0; s <= ns; s++)
-            qs[s] = s;
-        hx_set(&tqs, qs);
-    }
-    dec_set_lengths(dc, bt_w, blocks, dc->kv_len, &tbt, &tkv, &tpos);
-
     berth_attention_params ap[2];
     for (int side = 0; side < 2; side++) {
-        berth_attention_params *p = &ap[side];
-        memset(p, 0, sizeof *p);
-        p->struct_size = sizeof *p;
-        p->mask = dc->mask;
-        p->window = dc->window;
-        p->scale = dc->scale;
-        p->softcap = dc->softcap;
-        p->n_seqs = ns;
-        p->max_q_len = 1;
-        p->max_kv_len = max_kv;
-        p->q = view3(&q, side, qmis ? 4 : 0, dc->D, H, T, (int64_t)(dc->D + qmis) * 4,
-                     (int64_t)(dc->D + qmis) * 4 * H);
-        p->out = out.t[side];
-        if (dc->gate)
-            p->gate = gate.t[side];
-        p->positions = tpos.t[side];
-        p->seq_q_start = tqs.t[side];
-        p->seq_kv_len = tkv.t[side];
-        p->block_table = tbt.t[side];
-        p->kv = pool_view(&pool, side);
-        const berth_status st = hx_op(side, BERTH_OP_ATTENTION, p);
-        ck_assert_msg(st == BERTH_OK, "%s: attention on %s: status %d: %s", dc->name, side ? "cuda" : "cpu", st,
+        ap[side] = dec_params(dc, &st, side, max_kv);
+        const berth_status s_op = hx_op(side, BERTH_OP_ATTENTION, &ap[side]);
+        ck_assert_msg(s_op == BERTH_OK, "%s: attention on %s: status %d: %s", dc->name, side ? "cuda" : "cpu", s_op,
                       hx_last_error);
     }
     hx_sync();
-    const double tol = 2e-5 * fmax(1.0, dc->scale * sqrt((double)dc->D) / 4.0); /* as run_case */
+    const double tol = att_tol(dc->scale, dc->D);
     char what[400];
     snprintf(what, sizeof what, "%s: attention output", dc->name);
-    dec_expect(&c, &pool, bt_w, &out, &q, &gate, &tbt, &tkv, &tpos, &tqs, tol, what);
+    dec_expect(&st, tol, what);
     {
         float *o = malloc(sizeof(float) * (size_t)dc->DV * (size_t)H * (size_t)T);
         ck_assert(o);
-        hx_get_f32(&out, HX_GPU, o);
+        hx_get_f32(&st.out, HX_GPU, o);
         for (int s = 0; s < ns; s++)
             for (int64_t i = (int64_t)s * H * dc->DV; dc->kv_len[s] == 0 && i < (int64_t)(s + 1) * H * dc->DV; i++)
                 ck_assert_msg(o[i] == 0.0f, "%s: seq %d has no keys but out[%lld] = %g", dc->name, s, (long long)i,
@@ -1034,7 +1093,7 @@ static void dec_run(const struct dec_case *dc)
         const berth_status st_end = g->vt->graph_end(g->be, g->s, &graph); /* ends the capture even on failure */
         ck_assert_msg(st_op == BERTH_OK, "%s: attention while recording: status %d: %s", dc->name, st_op, op_err);
         ck_assert_msg(st_end == BERTH_OK && graph, "%s: graph_end: %s", dc->name, hx_last_error);
-        const int cap = bt_w * dc->bs;
+        const int cap = st.bt_w * dc->bs;
         for (int r = 0; r < dc->replays; r++) {
             /* replay 0: every sequence at the table's capacity; 1: random lengths; then short ones (most splits
              * recorded for the capacity find nothing) with an empty sequence */
@@ -1043,30 +1102,21 @@ static void dec_run(const struct dec_case *dc)
                 len[s] = r == 0 ? cap : r == 1 ? rnd(cap + 1) : (s == 0 ? 0 : 1 + rnd(cap < 40 ? cap : 40));
                 mx = len[s] > mx ? len[s] : mx;
             }
-            dec_set_lengths(dc, bt_w, blocks, len, &tbt, &tkv, &tpos);
-            hx_rand(&q, -0.5f, 0.5f);
-            ck_assert(g->vt->buffer_fill(g->be, g->s, out.buf[HX_GPU], 0, 0xFF, out.bytes) == BERTH_OK);
+            dec_set_lengths(dc, st.bt_w, st.blocks, len, &st.tbt, &st.tkv, &st.tpos);
+            hx_rand(&st.q, -0.5f, 0.5f);
+            ck_assert(g->vt->buffer_fill(g->be, g->s, st.out.buf[HX_GPU], 0, 0xFF, st.out.bytes) == BERTH_OK);
             ap[HX_CPU].max_kv_len = mx;
-            const berth_status st = hx_op(HX_CPU, BERTH_OP_ATTENTION, &ap[HX_CPU]);
-            ck_assert_msg(st == BERTH_OK, "%s: replay %d: attention on cpu: %s", dc->name, r, hx_last_error);
+            const berth_status s_op = hx_op(HX_CPU, BERTH_OP_ATTENTION, &ap[HX_CPU]);
+            ck_assert_msg(s_op == BERTH_OK, "%s: replay %d: attention on cpu: %s", dc->name, r, hx_last_error);
             ck_assert_msg(g->vt->graph_launch(g->be, g->s, graph) == BERTH_OK, "%s: graph_launch: %s", dc->name,
                           hx_last_error);
             hx_sync();
             snprintf(what, sizeof what, "%s: graph replay %d (lengths up to %d of %d)", dc->name, r, mx, cap);
-            dec_expect(&c, &pool, bt_w, &out, &q, &gate, &tbt, &tkv, &tpos, &tqs, tol, what);
+            dec_expect(&st, tol, what);
         }
         g->vt->graph_destroy(g->be, graph);
     }
-
-    hx_free(&q);
-    hx_free(&out);
-    hx_free(&gate);
-    hx_free(&tpos);
-    hx_free(&tqs);
-    hx_free(&tkv);
-    hx_free(&tbt);
-    hx_free(&pool.mem);
-    free(blocks);
+    dec_free(&st);
 }
 
 /* name, kv dtype, D, DV, n_kvh, n_rep, bs, layout, n_seqs, {kv_len...}, mask, window, scale, softcap, gate, bt_w,
@@ -1130,6 +1180,316 @@ START_TEST(attention_decode_matches_cpu)
 }
 END_TEST
 
+/* ---- kv_append, then attention right behind it (attention_decode.cu, "Reads before the PDL wait") ------------
+ *
+ * The decode kernels read the K/V of keys OLDER than the batch's own rows before their PDL wait, while the kernel
+ * before them may still run, and the newest key (the one this step's kv_append writes) only after it. These tests
+ * run the runner's order: a prior context filled through kv_append (synced), then per step kv_append of one new
+ * token per sequence immediately followed by attention on the same stream with no host synchronisation between
+ * them (only after the attention), against the CPU backend doing the same two ops. So that attention is really
+ * launched while kv_append is queued or running, a long fill of a scratch buffer is enqueued just before the two
+ * ops (the GPU is still busy with it when both have been launched). A kernel that read the new key before its
+ * wait would see what the slot held before kv_append: NaN bytes (the GPU slot is poisoned right before each step),
+ * so its output would not be finite. The graph test records [kv_append; attention] once and replays it with new
+ * K/V (and q) of the new token uploaded on the stream before each replay: replay 0 over a poisoned slot, the
+ * later ones over the previous replay's K/V (stale data, not NaN).
+ *
+ * The new K is planted so that a stale key or value cannot go unnoticed: for the first query head of each KV head
+ * it is that head's q, so that head's score of the new key (|q|^2, about D / 12) dwarfs every other (about
+ * N(0, D / 36)) and its output is the new V to about 1e-5. Each step checks that the CPU's attention run BEFORE
+ * the append (over the stale slot) differs from the right output by more than 0.05 in that head: the comparison
+ * would catch an early read whatever the timing. kv_append runs without norm and RoPE, so both backends store the
+ * same bytes (the pools are checked equal) and both attention calls see identical caches. */
+
+#define APP_STEPS 4
+#define APP_REPLAYS 3
+#define APP_BUSY_BYTES (256ull << 20) /* about 100 us of memset on an H200: far longer than two launches */
+#define APP_STALE_MIN 0.05            /* least change a stale new key must make (the bounds are below 0.01) */
+
+struct app_state {
+    struct dec_state d;          /* the attention call (q, out, tables, the pool) */
+    struct hx_tensor kvin;       /* the new tokens' K and V: {n_kvh * (D + DV), n_seqs} (K heads, then V heads) */
+    struct hx_tensor slots;      /* {n_seqs}: the new tokens' slots */
+    struct hx_tensor out_stale;  /* CPU side only: attention before this step's append */
+    int len[DEC_MAX_SEQS];       /* keys of each sequence before this step's token */
+    berth_kv_append_params kp[2];
+    berth_attention_params ap[2], ap_stale;
+};
+
+static int32_t app_slot(const struct app_state *a, int s, int pos)
+{
+    const int bs = a->d.c.bs;
+    return a->d.blocks[s * a->d.bt_w + pos / bs] * bs + pos % bs;
+}
+
+/* dec_setup with room for `room` new tokens per sequence, then dc->kv_len[s] keys of every sequence written
+ * through kv_append on both sides (random K/V in [-1, 1]) and synced; the pools must then be equal. */
+static void app_setup(const struct dec_case *dc, int room, struct app_state *a)
+{
+    memset(a, 0, sizeof *a);
+    dec_setup(dc, room, &a->d);
+    const struct attn_case *c = &a->d.c;
+    const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, row = dc->n_kvh * (dc->D + dc->DV);
+    a->kvin = hx_new(F32, row, ns, 0, 0);
+    a->slots = hx_new(BERTH_DTYPE_I32, ns, 0, 0, 0);
+    a->out_stale = hx_new(F32, dc->DV, H, ns, 0);
+    int n = 0;
+    for (int s = 0; s < ns; s++)
+        n += a->len[s] = dc->kv_len[s];
+    if (n > 0) {
+        int32_t *sl = malloc(sizeof(int32_t) * (size_t)n);
+        ck_assert(sl);
+        for (int s = 0, i = 0; s < ns; s++)
+            for (int p = 0; p < a->len[s]; p++)
+                sl[i++] = app_slot(a, s, p);
+        struct hx_tensor kv = hx_new(F32, row, n, 0, 0), ts = hx_new(BERTH_DTYPE_I32, n, 0, 0, 0);
+        hx_rand(&kv, -1.0f, 1.0f);
+        hx_set(&ts, sl);
+        for (int side = 0; side < 2; side++) {
+            const berth_kv_append_params p = append_params(c, &a->d.pool, side, &kv, &ts, NULL, NULL, NULL, NULL);
+            const berth_status st = hx_op(side, BERTH_OP_KV_APPEND, &p);
+            ck_assert_msg(st == BERTH_OK, "%s: kv_append of the prior context (%d keys) on %s: status %d: %s",
+                          dc->name, n, side ? "cuda" : "cpu", st, hx_last_error);
+        }
+        hx_sync();
+        hx_free(&kv);
+        hx_free(&ts);
+        free(sl);
+    }
+    char what[400];
+    snprintf(what, sizeof what, "%s: KV pool after kv_append of the prior context", dc->name);
+    hx_expect_equal(&a->d.pool.mem, what);
+}
+
+static void app_free(struct app_state *a)
+{
+    hx_free(&a->kvin);
+    hx_free(&a->slots);
+    hx_free(&a->out_stale);
+    dec_free(&a->d);
+}
+
+/* This step's tables (synced): each sequence's new token at position len[s], its slot, lengths len[s] + 1, and
+ * the params of both ops on both sides (ap_stale: the CPU's attention into out_stale). Returns the longest
+ * sequence. */
+static int app_prepare(const struct dec_case *dc, struct app_state *a)
+{
+    int newlen[DEC_MAX_SEQS], mx = 0;
+    int32_t sl[DEC_MAX_SEQS];
+    for (int s = 0; s < dc->n_seqs; s++) {
+        newlen[s] = a->len[s] + 1;
+        sl[s] = app_slot(a, s, a->len[s]);
+        mx = newlen[s] > mx ? newlen[s] : mx;
+    }
+    dec_set_lengths(dc, a->d.bt_w, a->d.blocks, newlen, &a->d.tbt, &a->d.tkv, &a->d.tpos);
+    hx_set(&a->slots, sl);
+    for (int side = 0; side < 2; side++) {
+        a->kp[side] = append_params(&a->d.c, &a->d.pool, side, &a->kvin, &a->slots, NULL, NULL, NULL, NULL);
+        a->ap[side] = dec_params(dc, &a->d, side, mx);
+    }
+    a->ap_stale = a->ap[HX_CPU];
+    a->ap_stale.out = a->out_stale.t[HX_CPU];
+    return mx;
+}
+
+/* Upload host data to both sides of t: synced on the CPU side, left ordered on the GPU stream (buffer_upload has
+ * read the data when it returns). */
+static void app_upload(struct hx_tensor *t, const void *data)
+{
+    for (int side = 0; side < 2; side++) {
+        const struct hx_side *x = &hx->side[side];
+        ck_assert_msg(x->vt->buffer_upload(x->be, x->s, t->buf[side], 0, data, t->bytes) == BERTH_OK,
+                      "upload on side %d: %s", side, hx_last_error);
+    }
+    const struct hx_side *cpu = &hx->side[HX_CPU];
+    ck_assert_msg(cpu->vt->stream_sync(cpu->be, cpu->s) == BERTH_OK, "sync on the cpu side: %s", hx_last_error);
+}
+
+/* New q in [-0.5, 0.5) and the new tokens' K/V: K of KV head g = q of query head g * n_rep (planted, see above),
+ * V in [-1, 1). */
+static void app_new_token(struct app_state *a)
+{
+    const struct attn_case *c = &a->d.c;
+    const int ns = c->n_seqs, H = c->n_kvh * c->n_rep, qrow = c->D + a->d.qmis, row = c->n_kvh * (c->D + c->DV);
+    const size_t nq = (size_t)qrow * (size_t)H * (size_t)ns;
+    float *q = malloc(sizeof(float) * nq), *kv = malloc(sizeof(float) * (size_t)row * (size_t)ns);
+    ck_assert(q && kv);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = hx_rand_uniform(-0.5f, 0.5f);
+    for (int s = 0; s < ns; s++)
+        for (int g = 0; g < c->n_kvh; g++) {
+            const float *qh = q + ((size_t)s * H + (size_t)g * c->n_rep) * (size_t)qrow + a->d.qmis;
+            float *k = kv + (size_t)s * row + (size_t)g * c->D;
+            float *v = kv + (size_t)s * row + (size_t)c->n_kvh * c->D + (size_t)g * c->DV;
+            memcpy(k, qh, sizeof(float) * (size_t)c->D);
+            for (int d = 0; d < c->DV; d++)
+                v[d] = hx_rand_uniform(-1.0f, 1.0f);
+        }
+    app_upload(&a->d.q, q);
+    app_upload(&a->kvin, kv);
+    free(q);
+    free(kv);
+}
+
+/* NaN bytes into the GPU slots of this step's new tokens (K and V of every KV head), on the stream. */
+static void app_poison_new_slots(const struct app_state *a)
+{
+    const struct hx_side *g = &hx->side[HX_GPU];
+    const struct attn_case *c = &a->d.c;
+    const berth_kv_view kv = pool_view(&a->d.pool, HX_GPU);
+    const uint64_t es = dt_size(c->kv_dt);
+    for (int s = 0; s < c->n_seqs; s++) {
+        const uint64_t b = (uint64_t)a->d.blocks[s * a->d.bt_w + a->len[s] / c->bs];
+        const uint64_t slot = (uint64_t)(a->len[s] % c->bs);
+        for (int h = 0; h < c->n_kvh; h++) {
+            const uint64_t k = kv.k_offset + b * kv.block_stride + slot * kv.token_stride +
+                               (uint64_t)h * kv.head_stride;
+            const uint64_t v = kv.v_offset + b * kv.block_stride + slot * kv.v_token_stride +
+                               (uint64_t)h * kv.v_head_stride;
+            ck_assert(g->vt->buffer_fill(g->be, g->s, kv.k_buf, k, 0xFF, (uint64_t)c->D * es) == BERTH_OK);
+            ck_assert(g->vt->buffer_fill(g->be, g->s, kv.v_buf, v, 0xFF, (uint64_t)c->DV * es) == BERTH_OK);
+        }
+    }
+}
+
+/* The CPU's side of a step: attention over the stale slot (into out_stale), kv_append, attention. */
+static void app_run_cpu(struct app_state *a, const char *what)
+{
+    berth_status st = hx_op(HX_CPU, BERTH_OP_ATTENTION, &a->ap_stale);
+    ck_assert_msg(st == BERTH_OK, "%s: attention before the append on cpu: status %d: %s", what, st, hx_last_error);
+    st = hx_op(HX_CPU, BERTH_OP_KV_APPEND, &a->kp[HX_CPU]);
+    ck_assert_msg(st == BERTH_OK, "%s: kv_append on cpu: status %d: %s", what, st, hx_last_error);
+    st = hx_op(HX_CPU, BERTH_OP_ATTENTION, &a->ap[HX_CPU]);
+    ck_assert_msg(st == BERTH_OK, "%s: attention on cpu: status %d: %s", what, st, hx_last_error);
+}
+
+/* After the sync: the stale slot would show (CPU), then the GPU's output against the CPU's. */
+static void app_check(const struct dec_case *dc, const struct app_state *a, const char *what)
+{
+    const int ns = dc->n_seqs, H = dc->n_kvh * dc->n_rep, DV = dc->DV;
+    const size_t n = (size_t)DV * (size_t)H * (size_t)ns;
+    float *o = malloc(sizeof(float) * n), *os = malloc(sizeof(float) * n);
+    ck_assert(o && os);
+    hx_get_f32(&a->d.out, HX_CPU, o);
+    hx_get_f32(&a->out_stale, HX_CPU, os);
+    for (int s = 0; s < ns; s++)
+        for (int g = 0; g < dc->n_kvh; g++) {
+            const size_t o0 = ((size_t)s * H + (size_t)g * dc->n_rep) * (size_t)DV;
+            double diff = 0.0;
+            for (int d = 0; d < DV; d++)
+                diff = fmax(diff, fabs((double)o[o0 + d] - (double)os[o0 + d]));
+            ck_assert_msg(diff > APP_STALE_MIN,
+                          "%s: seq %d, head %d: the CPU's attention over the stale slot differs from the right output "
+                          "by only %.3g (<= %g): an early read of the new key would go unnoticed (seed %llu)",
+                          what, s, g * dc->n_rep, diff, APP_STALE_MIN, (unsigned long long)hx->seed);
+        }
+    free(o);
+    free(os);
+    dec_expect(&a->d, att_tol(dc->scale, dc->D), what);
+}
+
+/* name, kv dtype, D, DV, n_kvh, n_rep, bs, layout, n_seqs, {keys before the first new token...}, mask, window,
+ * scale, softcap, gate, bt_w (0: sized for the new tokens), replays (unused) */
+static const struct dec_case app_cases[] = {
+    {"E2B sliding d256 bf16 rep8 window 512, 1 seq of 600 keys before (the window bites)",
+     BF16, 256, 256, 1, 8, 16, 0, 1, {600}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"E2B full d512 bf16 rep8, 1 seq of 300 keys before",
+     BF16, 512, 512, 1, 8, 16, 0, 1, {300}, CAUSAL, 0, 1.0f, 0.0f, 0, 0, 0},
+    {"E2B full d512 bf16 rep8, 3 seqs of 0/77/900 keys before",
+     BF16, 512, 512, 1, 8, 16, 0, 3, {0, 77, 900}, CAUSAL, 0, 1.0f, 0.0f, 0, 0, 0},
+    {"E2B sliding d256 bf16 rep8 window 512, 3 seqs of 509/2/1000 keys before (the first reaches the window)",
+     BF16, 256, 256, 1, 8, 16, 0, 3, {509, 2, 1000}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"E2B sliding d256 bf16 rep8 window 512, 8 seqs of 0/1/15/16/300/511/700/1000 keys before",
+     BF16, 256, 256, 1, 8, 16, 0, 8, {0, 1, 15, 16, 300, 511, 700, 1000}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"E2B full d512 bf16 rep8, 8 seqs of 1/2/31/32/100/200/400/900 keys before",
+     BF16, 512, 512, 1, 8, 16, 0, 8, {1, 2, 31, 32, 100, 200, 400, 900}, CAUSAL, 0, 1.0f, 0.0f, 0, 0, 0},
+    {"sliding d256 f32 cache rep8 window 512, 3 seqs of 40/600/3 keys before",
+     F32, 256, 256, 1, 8, 16, 0, 3, {40, 600, 3}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
+    {"full d512 bf16 rep8, 1 seq of 1100 keys before (past the cluster kernel's 1024 keys)",
+     BF16, 512, 512, 1, 8, 16, 0, 1, {1100}, CAUSAL, 0, 1.0f, 0.0f, 0, 0, 0},
+};
+#define N_APP_CASES ((int)(sizeof app_cases / sizeof app_cases[0]))
+
+/* APP_STEPS steps of [kv_append; attention] enqueued back to back behind a long fill, synced after both. */
+START_TEST(attention_right_after_kv_append_matches_cpu)
+{
+    const struct dec_case *dc = &app_cases[_i];
+    const struct hx_side *g = &hx->side[HX_GPU];
+    struct app_state a;
+    app_setup(dc, APP_STEPS, &a);
+    berth_buffer *busy = NULL;
+    ck_assert_msg(g->vt->buffer_alloc(g->be, APP_BUSY_BYTES, BERTH_USAGE_ACTIVATIONS, &busy) == BERTH_OK,
+                  "%s: buffer_alloc of the scratch buffer: %s", dc->name, hx_last_error);
+    char what[512];
+    for (int step = 0; step < APP_STEPS; step++) {
+        const int mx = app_prepare(dc, &a);
+        app_new_token(&a);
+        hx_sync();
+        snprintf(what, sizeof what, "%s: step %d of %d (seq 0's new token at position %d, longest seq %d keys)",
+                 dc->name, step, APP_STEPS, a.len[0], mx);
+        ck_assert(g->vt->buffer_fill(g->be, g->s, a.d.out.buf[HX_GPU], 0, 0xFF, a.d.out.bytes) == BERTH_OK);
+        app_poison_new_slots(&a);
+        ck_assert(g->vt->buffer_fill(g->be, g->s, busy, 0, (uint8_t)step, APP_BUSY_BYTES) == BERTH_OK);
+        berth_status st = hx_op(HX_GPU, BERTH_OP_KV_APPEND, &a.kp[HX_GPU]);
+        ck_assert_msg(st == BERTH_OK, "%s: kv_append on cuda: status %d: %s", what, st, hx_last_error);
+        st = hx_op(HX_GPU, BERTH_OP_ATTENTION, &a.ap[HX_GPU]); /* no sync before it */
+        ck_assert_msg(st == BERTH_OK, "%s: attention on cuda: status %d: %s", what, st, hx_last_error);
+        app_run_cpu(&a, what);
+        hx_sync();
+        app_check(dc, &a, what);
+        for (int s = 0; s < dc->n_seqs; s++)
+            a.len[s]++;
+    }
+    snprintf(what, sizeof what, "%s: KV pool after %d steps", dc->name, APP_STEPS);
+    hx_expect_equal(&a.d.pool.mem, what);
+    g->vt->buffer_free(g->be, busy);
+    app_free(&a);
+}
+END_TEST
+
+/* [kv_append; attention] recorded once, replayed APP_REPLAYS times with new K/V and q uploaded on the stream. */
+START_TEST(attention_after_kv_append_graph_matches_cpu)
+{
+    const struct dec_case *dc = &app_cases[_i];
+    const struct hx_side *g = &hx->side[HX_GPU];
+    ck_assert_ptr_nonnull(g->vt->graph_begin);
+    struct app_state a;
+    app_setup(dc, 1, &a);
+    const int mx = app_prepare(dc, &a);
+    berth_graph *graph = NULL;
+    ck_assert_msg(g->vt->graph_begin(g->be, g->s) == BERTH_OK, "%s: graph_begin: %s", dc->name, hx_last_error);
+    char app_err[512] = "", att_err[512] = "";
+    const berth_status st_app = hx_op(HX_GPU, BERTH_OP_KV_APPEND, &a.kp[HX_GPU]);
+    snprintf(app_err, sizeof app_err, "%s", hx_last_error);
+    /* a failing op aborts the recording: nothing more to record then */
+    const berth_status st_att = st_app == BERTH_OK ? hx_op(HX_GPU, BERTH_OP_ATTENTION, &a.ap[HX_GPU]) : BERTH_OK;
+    snprintf(att_err, sizeof att_err, "%s", hx_last_error);
+    const berth_status st_end = g->vt->graph_end(g->be, g->s, &graph); /* ends the capture even on failure */
+    ck_assert_msg(st_app == BERTH_OK, "%s: kv_append while recording: status %d: %s", dc->name, st_app, app_err);
+    ck_assert_msg(st_att == BERTH_OK, "%s: attention while recording: status %d: %s", dc->name, st_att, att_err);
+    ck_assert_msg(st_end == BERTH_OK && graph, "%s: graph_end: %s", dc->name, hx_last_error);
+    char what[512];
+    for (int r = 0; r < APP_REPLAYS; r++) {
+        snprintf(what, sizeof what, "%s: graph replay %d of %d (seq 0's new token at position %d, longest seq %d "
+                 "keys; slot before the replay: %s)", dc->name, r, APP_REPLAYS, a.len[0], mx,
+                 r == 0 ? "NaN" : "the previous replay's K/V");
+        app_new_token(&a); /* the GPU side stays queued on the stream, before the replay */
+        ck_assert(g->vt->buffer_fill(g->be, g->s, a.d.out.buf[HX_GPU], 0, 0xFF, a.d.out.bytes) == BERTH_OK);
+        if (r == 0)
+            app_poison_new_slots(&a);
+        ck_assert_msg(g->vt->graph_launch(g->be, g->s, graph) == BERTH_OK, "%s: graph_launch: %s", what,
+                      hx_last_error);
+        app_run_cpu(&a, what);
+        hx_sync();
+        app_check(dc, &a, what);
+    }
+    g->vt->graph_destroy(g->be, graph);
+    snprintf(what, sizeof what, "%s: KV pool after %d graph replays", dc->name, APP_REPLAYS);
+    hx_expect_equal(&a.d.pool.mem, what);
+    app_free(&a);
+}
+END_TEST
+
 static Suite *make_suite(void)
 {
     Suite *s = suite_create("cuda_ops_attention");
@@ -1140,6 +1500,12 @@ static Suite *make_suite(void)
     tcase_add_test(tc, kv_append_slot_past_pool_skipped);
     tcase_add_test(tc, attention_supports_limits);
     tcase_add_loop_test(tc, attention_decode_matches_cpu, 0, N_DEC_CASES);
+    suite_add_tcase(s, tc);
+    /* kv_append and attention back to back, no host sync between them (CK_RUN_CASE=append_attention) */
+    tc = tcase_create("append_attention");
+    tcase_set_timeout(tc, 120);
+    tcase_add_loop_test(tc, attention_right_after_kv_append_matches_cpu, 0, N_APP_CASES);
+    tcase_add_loop_test(tc, attention_after_kv_append_graph_matches_cpu, 0, N_APP_CASES);
     suite_add_tcase(s, tc);
     return s;
 }
