@@ -443,30 +443,41 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
             const uint32_t vb = vmask >> (st * KB);
             const unsigned char *slot0 = region + st * KB * 2 * ROW;
 
-            /* scores of the batch's keys for head r_own */
+            /* scores of the batch's keys for head r_own. The KB keys' dot products and warp reductions are
+             * computed side by side, with no branch between them (a key whose slot holds nothing gets a score of
+             * -inf by selection afterwards; its garbage never reaches arithmetic that is kept): per key the work
+             * is a chain of dependent FMAs and shuffles, and a branch per key made the batch pay KB chains in
+             * sequence (~2700 cycles per batch at head dim 256 on the H200; bench/RESULTS.md session 6). */
             float s[KB];
+            {
+                float dot[KB][NRW];
 #pragma unroll
-            for (int kb = 0; kb < KB; kb++) {
-                s[kb] = -INFINITY;
-                if (vb >> kb & 1u) { /* the same in every lane */
-                    float dot[NRW];
+                for (int kb = 0; kb < KB; kb++)
 #pragma unroll
                     for (int r = 0; r < NRW; r++)
-                        dot[r] = 0.0f;
+                        dot[kb][r] = 0.0f;
 #pragma unroll
-                    for (int c = 0; c < NC; c++) {
-                        if (kn[c] > 0) {
+                for (int c = 0; c < NC; c++) {
+                    if (kn[c] > 0) {
+#pragma unroll
+                        for (int kb = 0; kb < KB; kb++) {
                             float kf[CE];
                             adc_widen<DT, CE>(slot0 + kb * 2 * ROW + (c * 32 + lane) * CB, kf);
 #pragma unroll
                             for (int e = 0; e < CE; e++)
 #pragma unroll
                                 for (int r = 0; r < NRW; r++)
-                                    dot[r] = fmaf(q[r][c * CE + e], kf[e], dot[r]);
+                                    dot[kb][r] = fmaf(q[r][c * CE + e], kf[e], dot[kb][r]);
                         }
                     }
-                    cu_dec_reduce_scatter<NRW>(dot, lane);
-                    s[kb] = head_ok ? cu_attn_score(a, dot[0]) : -INFINITY;
+                }
+#pragma unroll
+                for (int kb = 0; kb < KB; kb++)
+                    cu_dec_reduce_scatter<NRW>(dot[kb], lane);
+#pragma unroll
+                for (int kb = 0; kb < KB; kb++) {
+                    const float sc = cu_attn_score(a, dot[kb][0]);
+                    s[kb] = (vb >> kb & 1u) && head_ok ? sc : -INFINITY;
                 }
             }
 
@@ -654,11 +665,16 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
             const int cnt = a.DV - d0 < a.per ? a.DV - d0 : a.per;
             for (int it = tid; cnt > 0 && it < nrv * cnt; it += ADC_THREADS) {
                 const int r = it / cnt, dl = it - r * cnt;
+                /* every rank's partial loaded at once (unrolled, no branch between the loads: the loop with a
+                 * branch per rank was a chain of 16 dependent shared-memory round trips, ~3300 cycles at batch
+                 * 1); a rank of weight 0 is selected out, so its partial never reaches the sum */
                 float o = 0.0f;
-                for (int c = 0; c < a.cs; c++) {
-                    const float w = rw_s[r][c];
-                    if (w > 0.0f)
-                        o = fmaf(w, recv[(size_t)(c * NRW + r) * a.per + dl], o);
+#pragma unroll
+                for (int c = 0; c < ADC_MAX_CS; c++) {
+                    if (c < a.cs) {
+                        const float w = rw_s[r][c], x = recv[(size_t)(c * NRW + r) * a.per + dl];
+                        o = w > 0.0f ? fmaf(w, x, o) : o;
+                    }
                 }
                 o *= rli_s[r];
                 const int h = h0 + r, d = d0 + dl;
