@@ -425,7 +425,12 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
             if (__any_sync(0xffffffffu, defer != 0)) {
                 for (int32_t b = 0; b < issued; b++)
                     issue(b, b, true);
-                cu_dec_cp_wait<0>(); /* the extra groups came last: let every batch land before the loop */
+                /* One extra group per batch, in batch order, after the regular ones: batch b's two groups are
+                 * complete once at most issued - b - 1 are pending — the loop's own wait — as long as the loop
+                 * issues nothing more (every batch already in flight). Then the older batches are processed
+                 * while the newest keys' copies are still on their way; otherwise let them all land first. */
+                if (nbat > rb)
+                    cu_dec_cp_wait<0>();
             }
         }
 
@@ -526,8 +531,8 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                         acc[r][e] *= al[r];
 #pragma unroll
             for (int kb = 0; kb < KB; kb++) {
-                if (!(vb >> kb & 1u))
-                    continue; /* absent key: p is 0 and its slot was not copied */
+                /* absent key (its slot was not copied): selected out below, no branch between the keys */
+                const bool pres = (vb >> kb & 1u) != 0;
                 float p[NRW];
                 if constexpr (NRW > 1)
                     cu_dec_ld_heads<NRW>(pw_s[warp][kb], p);
@@ -542,7 +547,8 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                         for (int e = 0; e < CE; e++)
 #pragma unroll
                             for (int r = 0; r < NRW; r++)
-                                acc[r][c * CE + e] = fmaf(p[r], vf[e], acc[r][c * CE + e]);
+                                acc[r][c * CE + e] =
+                                    pres ? fmaf(p[r], vf[e], acc[r][c * CE + e]) : acc[r][c * CE + e];
                     }
                 }
             }
@@ -604,16 +610,15 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                 const int r = it / nf4, d = (it - r * nf4) * 4;
                 float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
-                for (int w = 0; w < ADC_WARPS; w++) {
+#pragma unroll
+                for (int w = 0; w < ADC_WARPS; w++) { /* all loads at once; a zero-weight warp is selected out */
                     const float wt = wt_s[w][r];
-                    if (wt > 0.0f) {
-                        const float4 x = *(const float4 *)((const float *)(adc_smem + (size_t)w * a.region) +
-                                                           r * DP + d);
-                        o.x = fmaf(wt, x.x, o.x);
-                        o.y = fmaf(wt, x.y, o.y);
-                        o.z = fmaf(wt, x.z, o.z);
-                        o.w = fmaf(wt, x.w, o.w);
-                    }
+                    const float4 x = *(const float4 *)((const float *)(adc_smem + (size_t)w * a.region) + r * DP + d);
+                    const bool use = wt > 0.0f;
+                    o.x = use ? fmaf(wt, x.x, o.x) : o.x;
+                    o.y = use ? fmaf(wt, x.y, o.y) : o.y;
+                    o.z = use ? fmaf(wt, x.z, o.z) : o.z;
+                    o.w = use ? fmaf(wt, x.w, o.w) : o.w;
                 }
                 const int dst = d / a.per;
                 float4 *pp = (float4 *)(recv + ((size_t)(rank * NRW + r) * a.per + (d - dst * a.per)));
