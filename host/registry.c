@@ -272,11 +272,12 @@ static void load_one(struct registry *reg, int idx)
                    (unsigned)d->abi_major, (unsigned)d->abi_minor, BERTH_ABI_MAJOR, BERTH_ABI_MINOR);
         return;
     }
-    /* While the ABI is 0.x, a minor may change layouts and signatures (plugin.h), so a plugin built against an
-     * older 0.x minor would be misread: reject it and say to rebuild. From 1.0 on, BERTH_ABI_MINOR_MIN is 0. */
+    /* While the ABI is 0.x, a minor may change layouts, signatures or add fields a caller relies on (plugin.h), so
+     * a plugin built against an older 0.x minor would be misread: reject it and say to rebuild. From 1.0 on,
+     * BERTH_ABI_MINOR_MIN is 0. */
     if (d->abi_minor < BERTH_ABI_MINOR_MIN) {
         set_reason(p, PLUGIN_REJECTED, "plugin ABI %u.%u predates host ABI %d.%d (0.x minors older than %d.%d are "
-                   "not layout-compatible): rebuild the plugin", (unsigned)d->abi_major, (unsigned)d->abi_minor,
+                   "not compatible): rebuild the plugin", (unsigned)d->abi_major, (unsigned)d->abi_minor,
                    BERTH_ABI_MAJOR, BERTH_ABI_MINOR, BERTH_ABI_MAJOR, BERTH_ABI_MINOR_MIN);
         return;
     }

@@ -972,10 +972,11 @@ START_TEST(test_matmul_then_norm)
         /* the norm's x is not the product's y */
         q.x = a1.t;
         expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID,
-                     "matmul: y_norm's x must be the matmul's y (same buffer, offset, dtype and shape)");
+                     "matmul: y_norm's x must be the matmul's y (same buffer, offset, dtype, shape and strides)");
         q.x = a2.t;
         q.weight_mode = 9;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "rms_norm: weight_mode 9 is not supported");
+        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED,
+                     "matmul: y_norm: rms_norm: weight_mode 9 is not supported");
         tt_free(&x);
         tt_free(&w);
         tt_free(&nw);
@@ -1053,8 +1054,8 @@ START_TEST(test_norm_then_matmul)
             tpoison(&a2.t);
             p.x = with_y2 ? y2.t : x.t; /* not the output the product reads */
             expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID,
-                         with_y2 ? "matmul: x must be x_pre's y2 (same buffer, offset, dtype and shape)"
-                                 : "matmul: x must be x_pre's y (same buffer, offset, dtype and shape)");
+                         with_y2 ? "matmul: x must be x_pre's y2 (same buffer, offset, dtype, shape and strides)"
+                                 : "matmul: x must be x_pre's y (same buffer, offset, dtype, shape and strides)");
             p.x = with_y2 ? u2.t : y2.t;
             p.x_norm_mode = BERTH_NORM_UNIT;
             p.x_norm_eps = 1e-6f;
@@ -1069,7 +1070,8 @@ START_TEST(test_norm_then_matmul)
             expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: x_pre and y_norm cannot be combined");
             p.y_norm = NULL;
             q.weight_mode = 9; /* the norm obeys every rms_norm rule */
-            expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "rms_norm: weight_mode 9 is not supported");
+            expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED,
+                         "matmul: x_pre: rms_norm: weight_mode 9 is not supported");
             q.weight_mode = BERTH_NORM_W;
             still_poisoned(&y2.t, what);
             still_poisoned(&u2.t, what);
@@ -1361,8 +1363,8 @@ START_TEST(test_supports_rejections)
     mm.w.nb[1] -= 2;
     mm.struct_size = 8;
     char msg[128];
-    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI 0.3's %zu",
-             (size_t)BERTH_SIZE_TO(berth_matmul_params, y));
+    snprintf(msg, sizeof msg, "matmul: params struct_size 8 is smaller than ABI %d.%d's %zu", BERTH_ABI_MAJOR,
+             BERTH_ABI_MINOR, (size_t)BERTH_SIZE_TO(berth_matmul_params, y));
     expect_unsupported(BERTH_OP_MATMUL, &mm, msg);
     mm.struct_size = sizeof mm;
     /* An optional tensor in a query is absent exactly when ne[0] == 0 (berth/backend.h), whatever else it holds. */

@@ -142,7 +142,7 @@ typedef struct berth_matmul_params {
      * post-norm that adds it to the residual stream). The caller keeps *y_norm alive for the call. Default (older
      * caller or NULL): no norm. */
     const struct berth_rms_norm_params *y_norm;
-    /* A norm before the product (ABI 0.3, appended): when struct_size covers x_pre and x_pre is not NULL, the op is
+    /* A norm before the product (ABI 0.4, appended; a caller relies on it, so 0.3 plugins are not accepted): when struct_size covers x_pre and x_pre is not NULL, the op is
      * the rms_norm *x_pre followed by this matmul, whose x is exactly *x_pre's y2 when it has one, else its y (same
      * buffer, offset, dtype, ne and nb). Every output of the norm is written, as if it ran alone. One op instead of
      * two, so a backend may compute the norm in the product's prologue (at batch 1 each block of a GEMV can
@@ -150,7 +150,7 @@ typedef struct berth_matmul_params {
      * norm obeys every rms_norm rule (its own struct_size) and applies no RoPE; x_norm_mode must be W_NONE and
      * y_norm NULL. The caller keeps *x_pre alive for the call. Default (older caller or NULL): no norm. */
     const struct berth_rms_norm_params *x_pre;
-    /* ABI 0.3: fields above. Append below only. */
+    /* ABI 0.4: fields above. Append below only. */
 } berth_matmul_params;
 #define BERTH_GLU_NONE 0
 #define BERTH_GLU_HALVES 1

@@ -116,7 +116,7 @@ struct berth_backend {
                                  * 64), 0: its own choice per shape (env BERTH_CUDA_SKINNY_BN=64|128|256|auto, read at
                                  * init; for tuning runs) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
-                                 * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 8; for A/B runs) */
+                                 * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
                                  * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
                                  * for A/B runs) */

@@ -6,6 +6,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "op_check.h"
 
@@ -18,6 +19,14 @@ bool opck_fail(struct opck *c, berth_status code, const char *fmt, ...)
         vsnprintf(c->msg, sizeof c->msg, fmt, ap);
         va_end(ap);
     }
+    return false;
+}
+
+bool opck_prefix(struct opck *c, const char *prefix)
+{
+    char msg[sizeof c->msg];
+    snprintf(msg, sizeof msg, "%s%s", prefix, c->msg);
+    memcpy(c->msg, msg, sizeof msg);
     return false;
 }
 

@@ -91,6 +91,8 @@ static inline const berth_rms_norm_params *opck_matmul_x_pre(const berth_matmul_
 }
 
 bool opck_same_view(const berth_tensor *a, const berth_tensor *b);
+/* Prefix the recorded failure message (a nested op's check: "matmul: x_pre: " + "rms_norm: ..."); returns false. */
+bool opck_prefix(struct opck *c, const char *prefix);
 /* The matmul's gated epilogue (y_glu, BERTH_GLU_*), BERTH_GLU_NONE when the caller's struct predates it. */
 static inline int32_t opck_matmul_glu(const berth_matmul_params *p)
 {

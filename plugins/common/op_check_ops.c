@@ -87,9 +87,9 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         /* the trailing norm: an rms_norm of its own whose x is this product's y, without RoPE */
         if (!opck_same_view(&yn->x, &p->y))
             return opck_fail(c, BERTH_E_INVALID, "matmul: y_norm's x must be the matmul's y (same buffer, offset, "
-                             "dtype and shape)");
+                             "dtype, shape and strides)");
         if (!opck_rms_norm(c, yn))
-            return false;
+            return opck_prefix(c, "matmul: y_norm: ");
         if (opck_rms_rope_pairs(yn) != 0)
             return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_norm cannot apply RoPE");
         if (p->accumulate != 0)
@@ -99,12 +99,13 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
     if (xp) {
         /* the norm before the product: an rms_norm of its own whose y2 (else y) is this product's x, no RoPE */
         if (!opck_rms_norm(c, xp))
-            return false;
+            return opck_prefix(c, "matmul: x_pre: ");
         if (opck_rms_rope_pairs(xp) != 0)
             return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_pre cannot apply RoPE");
         const bool y2 = opck_rms_has_y2_in(xp, !c->exec);
         if (!opck_same_view(y2 ? &xp->y2 : &xp->y, &p->x))
-            return opck_fail(c, BERTH_E_INVALID, "matmul: x must be x_pre's %s (same buffer, offset, dtype and shape)",
+            return opck_fail(c, BERTH_E_INVALID,
+                             "matmul: x must be x_pre's %s (same buffer, offset, dtype, shape and strides)",
                              y2 ? "y2" : "y");
         if (opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE)
             return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: x_pre and an x_norm prologue cannot be combined");
