@@ -638,23 +638,6 @@ static int mm_log2_floor(int64_t v) /* 0 for v <= 1 */
     return l;
 }
 
-/* Bytes [offset, offset + span) a view can touch. */
-static uint64_t mm_view_span(const berth_tensor *t)
-{
-    uint64_t e = mm_dtype_size(t->dtype);
-    for (int i = 0; i < 4; i++)
-        if (t->ne[i] > 1)
-            e += (uint64_t)(t->ne[i] - 1) * (uint64_t)t->nb[i];
-    return e;
-}
-
-static bool mm_views_overlap(const berth_tensor *a, const berth_tensor *b)
-{
-    if (!a->buf || a->buf != b->buf)
-        return false;
-    return a->offset < b->offset + mm_view_span(b) && b->offset < a->offset + mm_view_span(a);
-}
-
 /* A weight of the prologue: present (modes W, W_ONE_PLUS) in a dtype it widens, 16-byte chunks of K elements. */
 static bool mm_xpre_weight(int32_t mode, const berth_tensor *w, int64_t K, const void **ptr, int32_t *es, bool *early)
 {
@@ -706,17 +689,27 @@ bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, cu_xpre
         return false;
     if (cu_xpre_smem(K, out->es1, out->es2) > CU_XPRE_SMEM_MAX)
         return false;
-    /* block 0 stores the norm's outputs while the other blocks still read its inputs: no output may overlap an
-     * input of the op or the product's own output */
-    const berth_tensor *outs[2] = {&n->y, y2 ? &n->y2 : NULL};
-    const berth_tensor *reads[4] = {&n->x, out->res ? &n->residual : NULL, &p->y,
+    /* Block 0 stores the norm's outputs while the other blocks still read every input of the op, and all blocks
+     * store the product's y meanwhile: no output may overlap an input or the other outputs. (Weights buffers are
+     * read-only, but a caller may pass the product's or the norm's weights in any buffer.) */
+    const berth_tensor *outs[3] = {&n->y, y2 ? &n->y2 : NULL, &p->y};
+    const berth_tensor *reads[7] = {&n->x,
+                                    out->res ? &n->residual : NULL,
+                                    out->w ? &n->w : NULL,
+                                    out->w2 ? &n->y2_w : NULL,
+                                    &p->w,
+                                    p->bias.buf ? &p->bias : NULL,
                                     opck_matmul_glu(p) == BERTH_GLU_MUL ? &p->y_glu_up : NULL};
-    for (int i = 0; i < 2; i++)
-        for (int j = 0; j < 4; j++)
-            if (outs[i] && reads[j] && mm_views_overlap(outs[i], reads[j]))
+    for (int i = 0; i < 3; i++) {
+        if (!outs[i])
+            continue;
+        for (int j = 0; j < 7; j++)
+            if (reads[j] && opck_views_overlap(outs[i], reads[j]))
                 return false;
-    if (mm_views_overlap(&p->y, &n->x) || (out->res && mm_views_overlap(&p->y, &n->residual)))
-        return false;
+        for (int j = i + 1; j < 3; j++)
+            if (outs[j] && opck_views_overlap(outs[i], outs[j]))
+                return false;
+    }
     out->early = early;
     out->eps = n->eps;
     out->oscale = opck_rms_out_scale(n);
@@ -798,6 +791,9 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
             *yn_done = true;
         return st;
     }
+    if (xp) /* cu_xpre_plan promised the batch-1 kernel: running the product without the norm would be wrong */
+        return cu_fail(be->host, BERTH_E_INTERNAL, "matmul: x_pre planned for the batch-1 GEMV, but M = %" PRId64
+                       " with this layout takes matmul.cu's GEMV", M);
     for (int64_t m = M; m < MM_GEMV_MAX_M; m++) {
         a.x[m] = a.x[0];
         a.y[m] = a.y[0];
@@ -1025,6 +1021,8 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
         return BERTH_OK;
     /* matmul_skinny.cu first: batched decode in bf16 mode (be->skinny_min_m <= M <= 64, its layout rules); when it
      * declines, the GEMV up to M = 8, cuBLAS above */
+    if (xp) /* cu_xpre_plan planned gemv.cu's batch-1 kernel: mm_gemv serves the plan or fails */
+        return mm_gemv(be, s, p, M, N, K, yn_done, xp);
     bool ran = false;
     const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
     if (st != BERTH_OK || ran)
