@@ -1508,7 +1508,8 @@ struct xp_case {
     int rmode;
     float oscale;
     int y2mode;       /* -1: no second output: the product reads the norm's y */
-    int in_place;     /* the norm's y is its residual (not fused: block 0 would overwrite what others read) */
+    int alias;        /* the norm's y: 0 its own tensor, 1 its residual, 2 its x (rms_norm's "y may alias x"); 1 and
+                       * 2 are not fused (block 0 would overwrite what other blocks still read) */
 };
 
 static const struct xp_case xp_cases[] = {
@@ -1524,8 +1525,11 @@ static const struct xp_case xp_cases[] = {
     {1, 264, 1536, F16, BERTH_GLU_NONE, BERTH_NORM_UNIT, F16, BERTH_RESID_NONE, 0.0f, BERTH_NORM_W, 0},
     {1, 512, 777, BF16, BERTH_GLU_MUL, BERTH_NORM_W_NONE, BF16, BERTH_RESID_ADD_AFTER, 2.0f, BERTH_NORM_W_ONE_PLUS, 0},
     {1, 4096, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
-    /* launched as two ops: in place, ADD_BEFORE, M > 1 (GEMV, skinny, cuBLAS), K = 77, a row too long */
+    /* launched as two ops: y into the residual or over x, ADD_BEFORE, M > 1 (GEMV, skinny, cuBLAS), K = 77, a
+     * row too long */
     {1, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 1},
+    {1, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, BERTH_NORM_W, 2},
+    {1, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 2},
     {1, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_BEFORE, 0.0f, BERTH_NORM_W, 0},
     {3, 1536, 1536, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
     {8, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, -1, 0},
@@ -1540,10 +1544,10 @@ static void xp_run(const struct xp_case *c)
     const int64_t M = c->M, K = c->K, N = c->N, WN = c->glu == BERTH_GLU_HALVES ? 2 * N : N;
     char what[220];
     snprintf(what, sizeof what,
-             "matmul + x_pre M=%lld K=%lld N=%lld w=%s glu=%d norm %s (%s) resid=%s out_scale=%g y2=%s in_place=%d",
+             "matmul + x_pre M=%lld K=%lld N=%lld w=%s glu=%d norm %s (%s) resid=%s out_scale=%g y2=%s alias=%d",
              (long long)M, (long long)K, (long long)N, hx_dtype_name(c->wdt), c->glu, wmode_names[c->wmode],
              hx_dtype_name(c->nwdt), rmode_names[c->rmode], (double)c->oscale,
-             c->y2mode >= 0 ? wmode_names[c->y2mode] : "none", c->in_place);
+             c->y2mode >= 0 ? wmode_names[c->y2mode] : "none", c->alias);
     struct hx_tensor T = hx_new(F32, K, M, 0, 0), R = hx_new(F32, K, M, 0, 0), NY = hx_new(F32, K, M, 0, 0),
                      Y2 = hx_new(F32, K, M, 0, 0), NW = hx_new(c->nwdt, K, 0, 0, 0), W2 = hx_new(c->nwdt, K, 0, 0, 0),
                      W = hx_new(c->wdt, K, WN, 0, 0), U = hx_new(F32, N, M, 0, 0), Y = hx_new(F32, N, M, 0, 0);
@@ -1553,9 +1557,10 @@ static void xp_run(const struct xp_case *c)
     hx_rand(&W2, -1.0f, 1.0f);
     hx_rand(&W, -1.0f, 1.0f);
     hx_rand(&U, -1.0f, 1.0f);
-    float *rinit = malloc(R.bytes);
-    ck_assert_ptr_nonnull(rinit);
+    float *rinit = malloc(R.bytes), *tinit = malloc(T.bytes);
+    ck_assert(rinit && tinit);
     hx_get(&R, HX_CPU, rinit);
+    hx_get(&T, HX_CPU, tinit);
     berth_rms_norm_params rp[2];
     berth_matmul_params p[2];
     for (int s = 0; s < 2; s++) {
@@ -1570,7 +1575,7 @@ static void xp_run(const struct xp_case *c)
             r->w = NW.t[s];
         if (c->rmode != BERTH_RESID_NONE)
             r->residual = R.t[s];
-        r->y = c->in_place ? R.t[s] : NY.t[s];
+        r->y = c->alias == 1 ? R.t[s] : c->alias == 2 ? T.t[s] : NY.t[s];
         r->out_scale = c->oscale;
         if (c->y2mode >= 0) {
             r->y2_weight_mode = c->y2mode;
@@ -1591,8 +1596,9 @@ static void xp_run(const struct xp_case *c)
         m->x_pre = r;
     }
     /* what the op writes: the product's y, the norm's y (or the residual), y2, the residual of ADD_BEFORE */
-    const struct hx_tensor *outs[4] = {&Y, c->in_place ? &R : &NY, c->y2mode >= 0 ? &Y2 : NULL,
-                                       c->rmode == BERTH_RESID_ADD_BEFORE && !c->in_place ? &R : NULL};
+    const struct hx_tensor *outs[4] = {&Y, c->alias == 1 ? &R : c->alias == 2 ? &T : &NY,
+                                       c->y2mode >= 0 ? &Y2 : NULL,
+                                       c->rmode == BERTH_RESID_ADD_BEFORE && c->alias != 1 ? &R : NULL};
     hx_run_both(BERTH_OP_MATMUL, &p[HX_CPU], &p[HX_GPU], what);
     /* the normalised rows have rms about 1 (|weight| <= 2); each GLU output is a product of two sums */
     double scale = 2.0 * sqrt((double)K);
@@ -1620,8 +1626,9 @@ static void xp_run(const struct xp_case *c)
         }
     for (int run = 0; run < 2; run++) {
         ck_assert(g->vt->buffer_upload(g->be, g->s, R.buf[HX_GPU], 0, rinit, R.bytes) == BERTH_OK);
+        ck_assert(g->vt->buffer_upload(g->be, g->s, T.buf[HX_GPU], 0, tinit, T.bytes) == BERTH_OK);
         for (int i = 0; i < 4; i++)
-            if (outs[i] && outs[i] != &R)
+            if (outs[i] && outs[i] != &R && outs[i] != &T) /* inputs are restored, not poisoned */
                 ck_assert(g->vt->buffer_fill(g->be, g->s, outs[i]->buf[HX_GPU], 0, 0xFF, outs[i]->bytes) ==
                           BERTH_OK);
         if (run == 0) {
@@ -1660,6 +1667,7 @@ static void xp_run(const struct xp_case *c)
     for (int i = 0; i < 4; i++)
         free(snap[i]);
     free(rinit);
+    free(tinit);
     hx_free(&T);
     hx_free(&R);
     hx_free(&NY);
