@@ -167,7 +167,6 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
      * all), so that the prologue runs once per block instead of once per wave; the others take group blockIdx.x */
     const int64_t nvb = XP ? a.nvb : (int64_t)gridDim.x;
     uint4 q0[U], q1[U]; /* slot u: chunk j + u of rows 0 and 1 during the step at j */
-    bool loaded = false;
     for (int64_t vb = blockIdx.x; vb < nvb; vb += gridDim.x) {
         const int64_t n0 = (vb * TEAMS + team) * RO;
         const bool active = n0 < a.N; /* no early return: teams of > 32 threads meet at __syncthreads below */
@@ -177,30 +176,26 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
         const char *w0 = a.w + na * a.ldw + t * 16, *w1 = a.w + nb * a.ldw + t * 16;
         const int nj = active && t < a.nch ? (a.nch - 1 - t) / TPR + 1 : 0; /* this thread's chunks of a row */
 
-        if (!loaded && a.early) {
+        /* the group's first step of weights: before the wait where w is a weights buffer (a.early), after it
+         * otherwise; later groups of a persistent block are past the wait either way */
+        auto load_first = [&]() {
 #pragma unroll
             for (int u = 0; u < U; u++)
                 if (u < nj) {
                     q0[u] = cu_ld_stream16(w0 + u * WS);
                     q1[u] = cu_ld_stream16(w1 + u * WS);
                 }
-            loaded = true;
-        }
+        };
+        if (a.early)
+            load_first();
         if (vb == blockIdx.x) {
             if constexpr (XP)
                 if (a.xp.early)
                     cu_xpre_load_weights(a.xp, (int64_t)a.nch * E, gv_smem);
             cu_pdl_wait();
         }
-        if (!loaded) {
-#pragma unroll
-            for (int u = 0; u < U; u++)
-                if (u < nj) {
-                    q0[u] = cu_ld_stream16(w0 + u * WS);
-                    q1[u] = cu_ld_stream16(w1 + u * WS);
-                }
-        }
-        loaded = false;
+        if (!a.early)
+            load_first();
         if constexpr (XP) { /* the norm before the product: x is rebuilt in shared memory, once per block */
             if (vb == blockIdx.x) {
                 if (!a.xp.early)
