@@ -16,10 +16,11 @@
  * correctly with any lengths): a cluster of CS blocks (thread-block cluster, sm_90; CS <= 16) serves one
  * (sequence, KV head, head group). A head group is NRW query heads of the KV head; fewer heads per block and
  * more groups spread a small batch over more SMs (each group re-reads the same K/V, from L2: sibling groups are
- * adjacent in the grid, so they run together). The 4 warps of each block, CS * 4 warps in all, take the
- * sequence's visible keys round robin (key lo + w, lo + w + 4 CS, ...), so every warp gets the same number of
- * keys within one. Inside a warp, lanes split the head dim (E = 4, 8 or 16 elements each, NRW * E <= 64 so that
- * q and the output accumulators of all NRW heads stay in registers):
+ * adjacent in the grid, so they run together). The W warps of each block (ADC_WARPS_OF: 8 for narrow head groups
+ * at head dims <= 256, else 4), CS * W in all, take the sequence's visible keys round robin (key lo + w,
+ * lo + w + W CS, ...), so every warp gets the same number of keys within one. Inside a warp, lanes split the
+ * head dim (E = 4, 8 or 16 elements each, NRW * E <= 64 so that q and the output accumulators of all NRW heads
+ * stay in registers):
  *   - the block-table row is loaded into shared memory right after the PDL wait, together with the sequence's
  *     length, position and q (one round trip), so K/V addresses need no further dependent global load;
  *   - each lane copies (cp.async) exactly the K/V bytes it will read into its warp's ring of R key slots,
@@ -27,7 +28,7 @@
  *   - per batch: dot products of the lane's K slice with q of all NRW heads, a warp reduce-scatter that leaves
  *     head r's score in lanes r * 32 / NRW.., an online softmax per head (fp32, expf), p and the rescale factors
  *     broadcast through shared memory (__syncwarp), and O += p V on the lane's V slice for all heads;
- *   - merge: the 4 warps' (max, sum, O) combine in shared memory; each block then pushes its block-level partial
+ *   - merge: the W warps' (max, sum, O) combine in shared memory; each block then pushes its block-level partial
  *     of output columns [k * per, (k + 1) * per) to cluster rank k's shared memory (st.shared::cluster), one
  *     cluster barrier (release/acquire), and rank k finishes its columns for all heads of the group and writes
  *     them (gate applied). Nothing goes through global memory but the output.
@@ -72,17 +73,22 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
 
 #define ADC_MAX_KEYS 1024       /* visible keys per sequence above which the split kernel serves the call */
 #define ADC_MAX_WORK_KEYS 8192  /* sequences x visible keys above which it does too */
-#define ADC_WARPS 4
-#define ADC_THREADS (ADC_WARPS * 32)
+/* Warps per block: 8 where a block serves at most ADC_W8_MAX_NRW query heads at head dims up to 256, so that each
+ * warp's serial chain of keys is half as long (the kernel is bound by dependent-instruction latency at about one
+ * warp per scheduler). Measured on the H200 (bench/RESULTS.md session 7): +4% at batch 1 (NRW 1), +3% at 4
+ * sequences (NRW 4), but -4% at 8 (NRW 8: 8 heads' registers at 256 threads), so wide head groups keep 4 warps;
+ * head dim 512 keeps 4 (8 warps' K/V rings would not fit the shared-memory budget). */
+#define ADC_MAX_WARPS 8
+#define ADC_W8_MAX_NRW 4
+#define ADC_WARPS_OF(E, NRW) ((E) <= 8 && (NRW) <= ADC_W8_MAX_NRW ? 8 : 4)
 #define ADC_KB 4                  /* keys per batch (a cp.async group, one softmax step) */
 #define ADC_MAX_CS 16             /* blocks per cluster (above 8: the non-portable size) */
-#define ADC_BT_MAX 1024           /* block-table entries preloaded into shared memory (8 per thread) */
+#define ADC_BT_MAX 1024           /* block-table entries preloaded into shared memory (4 or 8 per thread) */
 #define ADC_RING_MAX 16           /* key slots per warp (4 batches in flight) */
 #define ADC_SMEM_BUDGET (108u << 10) /* dynamic shared memory per block: two blocks fit on an SM */
 #define ADC_CACHE_DEVICES 16
 
-static_assert(ADC_WARPS == 4, "the intra-block merge maps 4 warps to 4 lanes");
-static_assert(ADC_BT_MAX % ADC_THREADS == 0, "table preload");
+static_assert(ADC_BT_MAX % (ADC_MAX_WARPS * 32) == 0 && ADC_BT_MAX % 128 == 0, "table preload");
 
 /* What the kernel reads (device addresses, byte strides) and the launch shape. */
 struct adc_args {
@@ -255,16 +261,18 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 // touching memory, as cuda_launch.cuh requires).
 
 template <int DT, int E, int NRW>
-__global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const adc_args a)
+__global__ void __launch_bounds__(ADC_WARPS_OF(E, NRW) * 32) attn_decode_cluster_kernel(const adc_args a)
 {
     using C = adc_cfg<DT, E, NRW>;
     constexpr int CE = C::CE, CB = C::CB, NC = C::NC, DP = C::DP, ROW = C::ROW, LG = C::LG, RL = C::RL;
     constexpr int KB = ADC_KB;
+    constexpr int W = ADC_WARPS_OF(E, NRW), THREADS = W * 32; /* warps and threads per block */
+    static_assert((W & (W - 1)) == 0 && W <= 32 && NRW * W <= THREADS, "M2 maps each head's W warps to W lanes");
     extern __shared__ __align__(16) unsigned char adc_smem[];
-    __shared__ __align__(16) float pw_s[ADC_WARPS][KB][NRW]; /* p of the batch, per warp */
-    __shared__ __align__(16) float alw_s[ADC_WARPS][NRW];    /* rescale factors of the batch, per warp */
-    __shared__ float2 wml_s[ADC_WARPS][NRW];                 /* each warp's (max, sum) per head */
-    __shared__ float wt_s[ADC_WARPS][NRW];                   /* the warps' weights in the block partial */
+    __shared__ __align__(16) float pw_s[W][KB][NRW]; /* p of the batch, per warp */
+    __shared__ __align__(16) float alw_s[W][NRW];    /* rescale factors of the batch, per warp */
+    __shared__ float2 wml_s[W][NRW];                 /* each warp's (max, sum) per head */
+    __shared__ float wt_s[W][NRW];                   /* the warps' weights in the block partial */
     __shared__ float2 cml_s[NRW];                            /* the block partial's (max, sum) */
     __shared__ float2 rml_s[ADC_MAX_CS][NRW];                /* every rank's (max, sum), pushed by the ranks */
     __shared__ float rw_s[NRW][ADC_MAX_CS];                  /* the ranks' weights */
@@ -295,15 +303,15 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
     int32_t *bt_s = (int32_t *)(adc_smem + a.bt_off);
     {
-        int32_t v[ADC_BT_MAX / ADC_THREADS];
+        int32_t v[ADC_BT_MAX / THREADS];
 #pragma unroll
-        for (int k = 0; k < ADC_BT_MAX / ADC_THREADS; k++) {
-            const int i = tid + k * ADC_THREADS;
+        for (int k = 0; k < ADC_BT_MAX / THREADS; k++) {
+            const int i = tid + k * THREADS;
             v[k] = i < a.bt_n ? bt[i] : -1;
         }
 #pragma unroll
-        for (int k = 0; k < ADC_BT_MAX / ADC_THREADS; k++) {
-            const int i = tid + k * ADC_THREADS;
+        for (int k = 0; k < ADC_BT_MAX / THREADS; k++) {
+            const int i = tid + k * THREADS;
             if (i < a.bt_n)
                 bt_s[i] = v[k];
         }
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
         kv_len = (int32_t)(n < cap ? n : cap);
     }
 
-    const int nwt = a.cs * ADC_WARPS, gw = rank * ADC_WARPS + warp; /* warps of the cluster, this one's index */
+    const int nwt = a.cs * W, gw = rank * W + warp; /* warps of the cluster, this one's index */
     const int64_t kdim = (int64_t)g * a.head_stride, vdim = (int64_t)g * a.v_head_stride;
     unsigned char *region = adc_smem + (size_t)warp * a.region;
     const uint32_t region_s = cu_smem_addr(region);
@@ -581,18 +589,20 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                                     acc[r][c * CE + e + 3]);
         __syncthreads();
 
-        /* M2: the block's (max, sum) per head and the warps' weights (lanes 4r .. 4r + 3: head r's warps) */
-        if (tid < 32 * ((NRW * ADC_WARPS + 31) / 32)) {
-            const bool v = tid < NRW * ADC_WARPS;
-            const int r = tid >> 2, w = tid & 3;
+        /* M2: the block's (max, sum) per head and the warps' weights (lanes W r .. W r + W - 1: head r's warps) */
+        if (tid < 32 * ((NRW * W + 31) / 32)) {
+            const bool v = tid < NRW * W;
+            const int r = tid / W, w = tid % W;
             const float2 ml = v ? wml_s[w][r] : make_float2(-INFINITY, 0.0f);
             float M = ml.x;
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 1));
-            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, 2));
+#pragma unroll
+            for (int o = 1; o < W; o <<= 1)
+                M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
             const float wt = ml.x == -INFINITY ? 0.0f : expf(ml.x - M);
             float L = wt * ml.y;
-            L += __shfl_xor_sync(0xffffffffu, L, 1);
-            L += __shfl_xor_sync(0xffffffffu, L, 2);
+#pragma unroll
+            for (int o = 1; o < W; o <<= 1)
+                L += __shfl_xor_sync(0xffffffffu, L, o);
             if (v) {
                 wt_s[w][r] = wt;
                 if (w == 0)
@@ -606,12 +616,12 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
         /* M3: the block partial of each (head, 4 columns), pushed to the rank that finishes those columns */
         {
             const int nf4 = (a.DV + 3) >> 2;
-            for (int it = tid; it < nrv * nf4; it += ADC_THREADS) {
+            for (int it = tid; it < nrv * nf4; it += THREADS) {
                 const int r = it / nf4, d = (it - r * nf4) * 4;
                 float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
 #pragma unroll
-                for (int w = 0; w < ADC_WARPS; w++) { /* all loads at once; a zero-weight warp is selected out */
+                for (int w = 0; w < W; w++) { /* all loads at once; a zero-weight warp is selected out */
                     const float wt = wt_s[w][r];
                     const float4 x = *(const float4 *)((const float *)(adc_smem + (size_t)w * a.region) + r * DP + d);
                     const bool use = wt > 0.0f;
@@ -626,7 +636,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
                     pp = adc_remote(pp, dst);
                 *pp = o;
             }
-            for (int it = tid; it < a.cs * NRW; it += ADC_THREADS) {
+            for (int it = tid; it < a.cs * NRW; it += THREADS) {
                 const int dst = it / NRW, r = it - dst * NRW;
                 float2 *pp = &rml_s[rank][r];
                 if (clu)
@@ -644,7 +654,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
 
         /* M4: the ranks' weights per head (16 lanes per head, lane c: rank c) */
 #pragma unroll
-        for (int r0 = 0; r0 < NRW; r0 += ADC_THREADS / 16) {
+        for (int r0 = 0; r0 < NRW; r0 += THREADS / 16) {
             const int r = r0 + (tid >> 4), c = tid & 15;
             const bool v = r < NRW && c < a.cs;
             const float2 ml = v ? rml_s[c][r] : make_float2(-INFINITY, 0.0f);
@@ -668,7 +678,7 @@ __global__ void __launch_bounds__(ADC_THREADS) attn_decode_cluster_kernel(const 
         {
             const int d0 = rank * a.per;
             const int cnt = a.DV - d0 < a.per ? a.DV - d0 : a.per;
-            for (int it = tid; cnt > 0 && it < nrv * cnt; it += ADC_THREADS) {
+            for (int it = tid; cnt > 0 && it < nrv * cnt; it += THREADS) {
                 const int r = it / cnt, dl = it - r * cnt;
                 /* every rank's partial loaded at once (unrolled, no branch between the loads: the loop with a
                  * branch per rank was a chain of 16 dependent shared-memory round trips, ~3300 cycles at batch
@@ -717,13 +727,14 @@ struct adc_cache {
 struct adc_kernel {
     void (*fn)(const adc_args);
     adc_cache *cache;
+    int threads; /* its block size: ADC_WARPS_OF(E, NRW) * 32 */
 };
 
 template <int DT, int E, int NRW>
 static adc_kernel adc_inst()
 {
     static adc_cache cache; /* one per template instance, zero-initialised */
-    return {attn_decode_cluster_kernel<DT, E, NRW>, &cache};
+    return {attn_decode_cluster_kernel<DT, E, NRW>, &cache, ADC_WARPS_OF(E, NRW) * 32};
 }
 
 template <int DT, int E>
@@ -742,7 +753,7 @@ static adc_kernel adc_pick_nrw(int nrw)
     case 2: return adc_inst<DT, E, 2>();
     case 1: return adc_inst<DT, E, 1>();
     }
-    return {nullptr, nullptr};
+    return {nullptr, nullptr, 0};
 }
 
 template <int DT>
@@ -753,7 +764,7 @@ static adc_kernel adc_pick_e(int E, int nrw)
     case 8: return adc_pick_nrw<DT, 8>(nrw);
     case 16: return adc_pick_nrw<DT, 16>(nrw);
     }
-    return {nullptr, nullptr};
+    return {nullptr, nullptr, 0};
 }
 
 static adc_kernel adc_pick(int32_t dt, int E, int nrw)
@@ -801,7 +812,7 @@ static berth_status adc_setup(berth_backend *be, cudaStream_t stream, const adc_
         attr[0].val.clusterDim.z = 1;
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(16);
-        cfg.blockDim = dim3(ADC_THREADS);
+        cfg.blockDim = dim3((unsigned)k.threads);
         cfg.dynamicSmemBytes = lim;
         cfg.stream = stream; /* a query: nothing is enqueued (the stream may be capturing) */
         cfg.attrs = attr;
@@ -890,21 +901,22 @@ static void adc_shape(const berth_backend *be, const berth_attention_params *p, 
     const size_t row = (size_t)32 * pl->E * esz;
     const size_t merge = (size_t)nrw * 32 * pl->E * 4;
     /* Ring: every key of the warp in flight at once when that fits the budget (a multiple of the batch). */
-    const int64_t kpw = adc_cdiv(kvb, cs * ADC_WARPS);
+    const int W = ADC_WARPS_OF(pl->E, pl->nrw);
+    const int64_t kpw = adc_cdiv(kvb, cs * W);
     int64_t ring = (kpw + ADC_KB - 1) / ADC_KB * ADC_KB;
     ring = ring < ADC_RING_MAX ? ring : ADC_RING_MAX;
     ring = ring > ADC_KB ? ring : ADC_KB;
     auto total = [&](int64_t r) {
         const size_t ringb = (size_t)r * 2 * row;
         const size_t region = ringb > merge ? ringb : merge;
-        return (size_t)ADC_WARPS * region + bt_bytes + recv_bytes;
+        return (size_t)W * region + bt_bytes + recv_bytes;
     };
     while (ring > ADC_KB && total(ring) > ADC_SMEM_BUDGET)
         ring -= ADC_KB;
     pl->ring = (int)ring;
     const size_t ringb = (size_t)ring * 2 * row;
     pl->region = ringb > merge ? ringb : merge;
-    pl->bt_off = (size_t)ADC_WARPS * pl->region;
+    pl->bt_off = (size_t)W * pl->region;
     pl->recv_off = pl->bt_off + bt_bytes;
     pl->smem = pl->recv_off + recv_bytes;
 }
@@ -943,8 +955,9 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
         if (kvb > ADC_MAX_KEYS || (int64_t)p->n_seqs * kvb > ADC_MAX_WORK_KEYS)
             return BERTH_OK;
     }
-    /* Set up the widest-heads instance first: its cluster limits stand for the call (all instances have the
-     * same block size and shared-memory budget). */
+    /* Set up the NRW = 1 instance first: its cluster limits stand for the call (the instances of a head dim share
+     * the shared-memory budget and it has the most threads per block; a wider NRW uses more registers, which its
+     * query does not see — fine at one block per SM, the plan's target; the chosen instance is checked below). */
     adc_plan pl;
     adc_info info;
     {
@@ -966,7 +979,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     berth_status st = adc_setup(be, s->cs, k, &info2);
     if (st != BERTH_OK)
         return st;
-    if (pl.cs > info2.max_cs) { /* this instance refused clusters of 16 (not expected: the same block shape) */
+    if (pl.cs > info2.max_cs) { /* this instance refused clusters of 16 */
         adc_shape(be, p, (int)n_rep, 8, 0, &pl);
         k = adc_pick(kv->dtype, pl.E, pl.nrw);
         if (!k.fn)
@@ -1004,7 +1017,8 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */
     const dim3 cluster(pl.cs > 1 ? (unsigned)pl.cs : 1u, 1, 1);
     st = cu_check(be,
-                  cu_launch_cluster(be, s->cs, dim3((unsigned)blocks), dim3(ADC_THREADS), pl.smem, cluster, k.fn, a),
+                  cu_launch_cluster(be, s->cs, dim3((unsigned)blocks), dim3((unsigned)k.threads), pl.smem, cluster,
+                                    k.fn, a),
                   "attn_decode_cluster_kernel");
     if (st == BERTH_OK)
         *ran = true;
