@@ -60,6 +60,16 @@ if [ -d "$objs" ]; then # a previous --slim: back before building
 fi
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
+# This meson does not give nvcc its dependency files (plugins/backend-cuda/README.md): when a header the CUDA
+# plugin includes is newer than its oldest object, touch the .cu files so that ninja rebuilds them. (A stale
+# cuda_backend.cu object once kept reporting ABI 0.3 after the 0.4 bump: the GPU machine's registry rejected the
+# plugin and every Gemma 4 suite failed there.)
+oldest=$(ls -tr "$build"/plugins/berth-backend-cuda.so.p/*.cu.o 2>/dev/null | head -n 1)
+if [ -n "$oldest" ] && [ -n "$(find plugin-api plugins/common plugins/backend-cuda \( -name '*.h' -o -name '*.cuh' \) \
+        -newer "$oldest" | head -n 1)" ]; then
+    echo "gpu_prepare: a header is newer than $oldest: rebuilding the CUDA objects"
+    touch plugins/backend-cuda/*.cu
+fi
 ninja -C "$build"
 meson introspect "$build" --tests > "$build/tests.json"
 mkdir -p .devcarry/lib
