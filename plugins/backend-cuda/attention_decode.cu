@@ -16,8 +16,8 @@
  * correctly with any lengths): a cluster of CS blocks (thread-block cluster, sm_90; CS <= 16) serves one
  * (sequence, KV head, head group). A head group is NRW query heads of the KV head; fewer heads per block and
  * more groups spread a small batch over more SMs (each group re-reads the same K/V, from L2: sibling groups are
- * adjacent in the grid, so they run together). The W warps of each block (ADC_WARPS_OF: 8 for narrow head groups
- * at head dims <= 256, else 4), CS * W in all, take the sequence's visible keys round robin (key lo + w,
+ * adjacent in the grid, so they run together). The W warps of each block (ADC_WARPS_OF: 8 for narrow head groups,
+ * else 4), CS * W in all, take the sequence's visible keys round robin (key lo + w,
  * lo + w + W CS, ...), so every warp gets the same number of keys within one. Inside a warp, lanes split the
  * head dim (E = 4, 8 or 16 elements each, NRW * E <= 64 so that q and the output accumulators of all NRW heads
  * stay in registers):
@@ -73,14 +73,14 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
 
 #define ADC_MAX_KEYS 1024       /* visible keys per sequence above which the split kernel serves the call */
 #define ADC_MAX_WORK_KEYS 8192  /* sequences x visible keys above which it does too */
-/* Warps per block: 8 where a block serves at most ADC_W8_MAX_NRW query heads at head dims up to 256, so that each
- * warp's serial chain of keys is half as long (the kernel is bound by dependent-instruction latency at about one
- * warp per scheduler). Measured on the H200 (bench/RESULTS.md session 7): +4% at batch 1 (NRW 1), +3% at 4
- * sequences (NRW 4), but -4% at 8 (NRW 8: 8 heads' registers at 256 threads), so wide head groups keep 4 warps;
- * head dim 512 keeps 4 (8 warps' K/V rings would not fit the shared-memory budget). */
+/* Warps per block: 8 where a block serves few query heads (NRW <= 4 at head dims up to 256, NRW <= 2 at 512), so
+ * that each warp's serial chain of keys is half as long (the kernel is bound by dependent-instruction latency at
+ * about one warp per scheduler); 4 for wider head groups, whose q and accumulators at 256 threads cost more than
+ * the shorter chain saves. At 512 the ring shrinks to fit the budget (adc_shape: one batch of 4 keys per warp in
+ * flight at E2B's lengths). Measured on the H200 (bench/RESULTS.md session 7): head dims <= 256 +4% at batch 1,
+ * +3% at 4 sequences, -4% at 8 with NRW 8 (so NRW 8 keeps 4); then 512 at NRW <= 2: +1.8% at batch 1, +5.6% at 2. */
 #define ADC_MAX_WARPS 8
-#define ADC_W8_MAX_NRW 4
-#define ADC_WARPS_OF(E, NRW) ((E) <= 8 && (NRW) <= ADC_W8_MAX_NRW ? 8 : 4)
+#define ADC_WARPS_OF(E, NRW) (((E) <= 8 && (NRW) <= 4) || ((E) == 16 && (NRW) <= 2) ? 8 : 4)
 #define ADC_KB 4                  /* keys per batch (a cp.async group, one softmax step) */
 #define ADC_MAX_CS 16             /* blocks per cluster (above 8: the non-portable size) */
 #define ADC_BT_MAX 1024           /* block-table entries preloaded into shared memory (4 or 8 per thread) */
