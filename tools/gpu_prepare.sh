@@ -61,14 +61,21 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 # This meson does not give nvcc its dependency files (plugins/backend-cuda/README.md): when a header the CUDA
-# plugin includes is newer than its oldest object, touch the .cu files so that ninja rebuilds them. (A stale
+# plugin includes is newer than the oldest object of its current sources, delete this folder's CUDA objects so
+# that ninja rebuilds them (touching the sources would make every other build folder rebuild too). (A stale
 # cuda_backend.cu object once kept reporting ABI 0.3 after the 0.4 bump: the GPU machine's registry rejected the
 # plugin and every Gemma 4 suite failed there.)
-oldest=$(ls -tr "$build"/plugins/berth-backend-cuda.so.p/*.cu.o 2>/dev/null | head -n 1)
+objdir="$build/plugins/berth-backend-cuda.so.p"
+oldest=
+for src in plugins/backend-cuda/*.cu; do
+    o="$objdir/backend-cuda_$(basename "$src").o"
+    [ -f "$o" ] || continue
+    if [ -z "$oldest" ] || [ "$o" -ot "$oldest" ]; then oldest=$o; fi
+done
 if [ -n "$oldest" ] && [ -n "$(find plugin-api plugins/common plugins/backend-cuda \( -name '*.h' -o -name '*.cuh' \) \
         -newer "$oldest" | head -n 1)" ]; then
-    echo "gpu_prepare: a header is newer than $oldest: rebuilding the CUDA objects"
-    touch plugins/backend-cuda/*.cu
+    echo "gpu_prepare: a header is newer than $oldest: rebuilding $build's CUDA objects"
+    rm -f "$objdir"/backend-cuda_*.cu.o
 fi
 ninja -C "$build"
 meson introspect "$build" --tests > "$build/tests.json"

@@ -78,9 +78,14 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
  * about one warp per scheduler); 4 for wider head groups, whose q and accumulators at 256 threads cost more than
  * the shorter chain saves. At 512 the ring shrinks to fit the budget (adc_shape: one batch of 4 keys per warp in
  * flight at E2B's lengths). Measured on the H200 (bench/RESULTS.md session 7): head dims <= 256 +4% at batch 1,
- * +3% at 4 sequences, -4% at 8 with NRW 8 (so NRW 8 keeps 4); then 512 at NRW <= 2: +1.8% at batch 1, +5.6% at 2. */
+ * +3% at 4 sequences, -4% at 8 with NRW 8 (so NRW 8 keeps 4); then 512 at NRW <= 2: +1.8% at batch 1, +5.6% at 2.
+ * f32 caches (the fp32 parity mode) take 8 only at NRW <= 2 below 512: an f32 row of 512 is 2 KiB, so 8 warps'
+ * smallest rings (4 keys) would not fit the budget (the split kernel would serve every such call), and the f32
+ * NRW = 4 instance needs 174 registers (one block per SM at 256 threads). */
 #define ADC_MAX_WARPS 8
-#define ADC_WARPS_OF(E, NRW) (((E) <= 8 && (NRW) <= 4) || ((E) == 16 && (NRW) <= 2) ? 8 : 4)
+#define ADC_WARPS_OF(DT, E, NRW)                                                                                   \
+    ((DT) == BERTH_DTYPE_F32 ? ((E) <= 8 && (NRW) <= 2 ? 8 : 4)                                                    \
+                             : (((E) <= 8 && (NRW) <= 4) || ((E) == 16 && (NRW) <= 2)) ? 8 : 4)
 #define ADC_KB 4                  /* keys per batch (a cp.async group, one softmax step) */
 #define ADC_MAX_CS 16             /* blocks per cluster (above 8: the non-portable size) */
 #define ADC_BT_MAX 1024           /* block-table entries preloaded into shared memory (4 or 8 per thread) */
@@ -261,13 +266,14 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 // touching memory, as cuda_launch.cuh requires).
 
 template <int DT, int E, int NRW>
-__global__ void __launch_bounds__(ADC_WARPS_OF(E, NRW) * 32) attn_decode_cluster_kernel(const adc_args a)
+__global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_cluster_kernel(const adc_args a)
 {
     using C = adc_cfg<DT, E, NRW>;
     constexpr int CE = C::CE, CB = C::CB, NC = C::NC, DP = C::DP, ROW = C::ROW, LG = C::LG, RL = C::RL;
     constexpr int KB = ADC_KB;
-    constexpr int W = ADC_WARPS_OF(E, NRW), THREADS = W * 32; /* warps and threads per block */
-    static_assert((W & (W - 1)) == 0 && W <= 32 && NRW * W <= THREADS, "M2 maps each head's W warps to W lanes");
+    constexpr int W = ADC_WARPS_OF(DT, E, NRW), THREADS = W * 32; /* warps and threads per block */
+    static_assert((W & (W - 1)) == 0 && W <= ADC_MAX_WARPS && ADC_BT_MAX % THREADS == 0,
+                  "W a power of two (M2's xor shuffles stay inside each head's W lanes); the table preload even");
     extern __shared__ __align__(16) unsigned char adc_smem[];
     __shared__ __align__(16) float pw_s[W][KB][NRW]; /* p of the batch, per warp */
     __shared__ __align__(16) float alw_s[W][NRW];    /* rescale factors of the batch, per warp */
@@ -727,14 +733,14 @@ struct adc_cache {
 struct adc_kernel {
     void (*fn)(const adc_args);
     adc_cache *cache;
-    int threads; /* its block size: ADC_WARPS_OF(E, NRW) * 32 */
+    int threads; /* its block size: ADC_WARPS_OF(DT, E, NRW) * 32 */
 };
 
 template <int DT, int E, int NRW>
 static adc_kernel adc_inst()
 {
     static adc_cache cache; /* one per template instance, zero-initialised */
-    return {attn_decode_cluster_kernel<DT, E, NRW>, &cache, ADC_WARPS_OF(E, NRW) * 32};
+    return {attn_decode_cluster_kernel<DT, E, NRW>, &cache, ADC_WARPS_OF(DT, E, NRW) * 32};
 }
 
 template <int DT, int E>
@@ -901,7 +907,7 @@ static void adc_shape(const berth_backend *be, const berth_attention_params *p, 
     const size_t row = (size_t)32 * pl->E * esz;
     const size_t merge = (size_t)nrw * 32 * pl->E * 4;
     /* Ring: every key of the warp in flight at once when that fits the budget (a multiple of the batch). */
-    const int W = ADC_WARPS_OF(pl->E, pl->nrw);
+    const int W = ADC_WARPS_OF(kv->dtype, pl->E, pl->nrw);
     const int64_t kpw = adc_cdiv(kvb, cs * W);
     int64_t ring = (kpw + ADC_KB - 1) / ADC_KB * ADC_KB;
     ring = ring < ADC_RING_MAX ? ring : ADC_RING_MAX;

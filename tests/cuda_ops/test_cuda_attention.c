@@ -1155,8 +1155,8 @@ static const struct dec_case dec_cases[] = {
      BF16, 512, 512, 1, 8, 16, 0, 2, {640, 1}, CAUSAL, 0, 1.0f, 0.0f, 1, 40, 3},
     {"graph: rep16 d256 f16 bs32 window 64, 3 seqs, table of 4 blocks (one block, direct)",
      F16, 256, 256, 1, 16, 32, 0, 3, {100, 1, 0}, CAUSAL, 64, 0.0625f, 0.0f, 0, 4, 3},
-    /* the cluster kernel (attention_decode.cu): keys dealt round robin to cs * W warps (W = 8, or 4 at head dim
-     * 512), a cluster per (sequence, KV head, head group); its edges */
+    /* the cluster kernel (attention_decode.cu): keys dealt round robin to cs * W warps (W = ADC_WARPS_OF: 8 for
+     * narrow head groups, else 4), a cluster per (sequence, KV head, head group); its edges */
     {"cluster: E2B sliding d256 bf16 rep8: lengths 1, 511, 512 (== window), 513, 64, 65 (split boundaries)",
      BF16, 256, 256, 1, 8, 16, 0, 6, {1, 511, 512, 513, 64, 65}, CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
     {"cluster: d256 bf16 rep8, rows of at most 16 keys (one block per head group, no cluster), gate",
