@@ -17,10 +17,9 @@
  * (sequence, KV head, head group). A head group is NRW query heads of the KV head; fewer heads per block and
  * more groups spread a small batch over more SMs (each group re-reads the same K/V, from L2: sibling groups are
  * adjacent in the grid, so they run together). The W warps of each block (ADC_WARPS_OF: 8 for narrow head groups,
- * else 4), CS * W in all, take the sequence's visible keys round robin (key lo + w,
- * lo + w + W CS, ...), so every warp gets the same number of keys within one. Inside a warp, lanes split the
- * head dim (E = 4, 8 or 16 elements each, NRW * E <= 64 so that q and the output accumulators of all NRW heads
- * stay in registers):
+ * else 4), CS * W in all, take the sequence's visible keys round robin (key lo + w, lo + w + W CS, ...), so every
+ * warp gets the same number of keys within one. Inside a warp, lanes split the head dim (E = 4, 8 or 16 elements
+ * each, NRW * E <= 64 so that q and the output accumulators of all NRW heads stay in registers):
  *   - the block-table row is loaded into shared memory right after the PDL wait, together with the sequence's
  *     length, position and q (one round trip), so K/V addresses need no further dependent global load;
  *   - each lane copies (cp.async) exactly the K/V bytes it will read into its warp's ring of R key slots,
@@ -92,8 +91,6 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
 #define ADC_RING_MAX 16           /* key slots per warp (4 batches in flight) */
 #define ADC_SMEM_BUDGET (108u << 10) /* dynamic shared memory per block: two blocks fit on an SM */
 #define ADC_CACHE_DEVICES 16
-
-static_assert(ADC_BT_MAX % (ADC_MAX_WARPS * 32) == 0 && ADC_BT_MAX % 128 == 0, "table preload");
 
 /* What the kernel reads (device addresses, byte strides) and the launch shape. */
 struct adc_args {
@@ -625,7 +622,6 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
             for (int it = tid; it < nrv * nf4; it += THREADS) {
                 const int r = it / nf4, d = (it - r * nf4) * 4;
                 float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
 #pragma unroll
                 for (int w = 0; w < W; w++) { /* all loads at once; a zero-weight warp is selected out */
                     const float wt = wt_s[w][r];

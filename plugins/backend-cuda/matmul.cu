@@ -752,7 +752,8 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
         x_aligned = x_aligned && (uintptr_t)a.x[m] % 16 == 0;
     }
     const bool norm = opck_matmul_norm_mode(p) != BERTH_NORM_W_NONE;
-    if (!xp && (norm || (vec && !x_aligned))) { /* the prologue, or float4 reads of unaligned rows: gather x, normalised */
+    /* the prologue, or float4 reads of unaligned rows: gather x, normalised (x_pre rebuilds x in the kernel) */
+    if (!xp && (norm || (vec && !x_aligned))) {
         const int64_t ld = mm_round_up(K, 4);
         void *ws = NULL;
         berth_status st = cu_stream_ws(be, s, (size_t)(M * ld) * sizeof(float), &ws);

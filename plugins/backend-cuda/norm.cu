@@ -333,12 +333,8 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
     };
     auto ld_w = [&]() {
         if (mine && wtd) {
-            f0 = cu_ld(a.w, a.wdt, mi0);
-            f1 = cu_ld(a.w, a.wdt, mi1);
-            if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
-                f0 = 1.0f + f0;
-                f1 = 1.0f + f1;
-            }
+            f0 = nm_factor(a.w, a.wdt, a.wmode, mi0);
+            f1 = nm_factor(a.w, a.wdt, a.wmode, mi1);
         }
     };
     if (a.f_early)
@@ -377,12 +373,9 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
                 sn = msn;
                 cs = mcs;
             } else {
-                if (a.wmode == BERTH_NORM_W) {
-                    x0 *= cu_ld(a.w, a.wdt, i0);
-                    x1 *= cu_ld(a.w, a.wdt, i1);
-                } else if (a.wmode == BERTH_NORM_W_ONE_PLUS) {
-                    x0 *= 1.0f + cu_ld(a.w, a.wdt, i0);
-                    x1 *= 1.0f + cu_ld(a.w, a.wdt, i1);
+                if (wtd) {
+                    x0 *= nm_factor(a.w, a.wdt, a.wmode, i0);
+                    x1 *= nm_factor(a.w, a.wdt, a.wmode, i1);
                 }
                 sincosf(p * a.freqs[j], &sn, &cs);
             }

@@ -83,13 +83,12 @@ static inline const berth_rms_norm_params *opck_matmul_y_norm(const berth_matmul
 {
     return BERTH_HAS(p, berth_matmul_params, y_norm) ? p->y_norm : NULL;
 }
-/* The two views are the same tensor: buffer, offset, dtype, ne and nb. */
 /* The matmul's norm before the product (x_pre), NULL when the caller's struct predates it. */
 static inline const berth_rms_norm_params *opck_matmul_x_pre(const berth_matmul_params *p)
 {
     return BERTH_HAS(p, berth_matmul_params, x_pre) ? p->x_pre : NULL;
 }
-
+/* The two views are the same tensor: buffer, offset, dtype, ne and nb. */
 bool opck_same_view(const berth_tensor *a, const berth_tensor *b);
 /* Prefix the recorded failure message (a nested op's check: "matmul: x_pre: " + "rms_norm: ..."); returns false. */
 bool opck_prefix(struct opck *c, const char *prefix);
