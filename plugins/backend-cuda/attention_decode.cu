@@ -63,6 +63,7 @@
 #include "cuda_mma.cuh"
 #include "attention_decode_util.cuh"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -923,6 +924,24 @@ static void adc_shape(const berth_backend *be, const berth_attention_params *p, 
     pl->smem = pl->recv_off + recv_bytes;
 }
 
+/* A call in the kernel's range (a small decode call of a supported shape) that it does not serve after all: the
+ * caller falls back to the split kernel (BERTH_OK, *ran false) — or, under the test switch BERTH_CUDA_ATT_STRICT=1,
+ * fails with what did not fit, so that a fallback the kernel tests would pass through unnoticed is an error there
+ * (session 7: f32 caches at head dim 512 and 8 warps fell back on every call). */
+static berth_status adc_decline(berth_backend *be, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static berth_status adc_decline(berth_backend *be, const char *fmt, ...)
+{
+    if (!be->att_strict)
+        return BERTH_OK;
+    char why[192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return cu_fail(be->host, BERTH_E_INTERNAL, "attention: the cluster decode kernel declined a call in its range (%s)",
+                   why);
+}
+
 berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
 {
     *ran = false;
@@ -967,7 +986,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
         const int E = dmax <= 128 ? 4 : dmax <= 256 ? 8 : 16;
         const adc_kernel k0 = adc_pick(kv->dtype, E, 1);
         if (!k0.fn)
-            return BERTH_OK;
+            return adc_decline(be, "no instance for head dim %d (NRW 1)", dmax);
         berth_status st = adc_setup(be, s->cs, k0, &info);
         if (st != BERTH_OK)
             return st;
@@ -976,7 +995,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     adc_shape(be, p, (int)n_rep, max_cs, info.c16, &pl);
     adc_kernel k = adc_pick(kv->dtype, pl.E, pl.nrw);
     if (!k.fn)
-        return BERTH_OK;
+        return adc_decline(be, "no instance for E %d, NRW %d", pl.E, pl.nrw);
     adc_info info2;
     berth_status st = adc_setup(be, s->cs, k, &info2);
     if (st != BERTH_OK)
@@ -985,13 +1004,15 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
         adc_shape(be, p, (int)n_rep, 8, 0, &pl);
         k = adc_pick(kv->dtype, pl.E, pl.nrw);
         if (!k.fn)
-            return BERTH_OK;
+            return adc_decline(be, "no instance for E %d, NRW %d", pl.E, pl.nrw);
         if ((st = adc_setup(be, s->cs, k, &info2)) != BERTH_OK)
             return st;
     }
     const int64_t blocks = (int64_t)pl.cs * pl.hg * kv->n_kv_heads * p->n_seqs;
-    if (blocks > INT32_MAX || pl.smem > (size_t)info2.smem_max || pl.cs > info2.max_cs)
-        return BERTH_OK; /* the old kernels serve it */
+    if (blocks > INT32_MAX || pl.smem > (size_t)info2.smem_max || pl.cs > info2.max_cs) /* the old kernels serve it */
+        return adc_decline(be, "%lld blocks, %zu bytes of shared memory (limit %d), clusters of %d (limit %d), E %d, "
+                           "NRW %d, %d warps", (long long)blocks, pl.smem, info2.smem_max, pl.cs, info2.max_cs, pl.E,
+                           pl.nrw, k.threads / 32);
 
     adc_args a = {};
     cu_attn_args_fill(a, p);

@@ -353,6 +353,13 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         else if (strcmp(pw, "1") != 0 && *pw != '\0')
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_PREWAIT='%s' ignored: 0 or 1 is expected", pw);
     }
+    be->att_strict = 0;
+    if (const char *as = getenv("BERTH_CUDA_ATT_STRICT")) { /* a test switch (docs/config.md) */
+        if (strcmp(as, "1") == 0)
+            be->att_strict = 1;
+        else if (strcmp(as, "0") != 0 && *as != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_STRICT='%s' ignored: 0 or 1 is expected", as);
+    }
     be->gemv_mode = CU_GEMV_NEW;
     if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
         if (strcmp(gv, "old") == 0)

@@ -105,6 +105,9 @@ struct berth_backend {
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
+    int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
+                                 * instead of leaving it to the split kernel (env BERTH_CUDA_ATT_STRICT=1, read at
+                                 * init; default 0) */
     int att_prewait;            /* the decode attention kernels read metadata and older keys' K/V before their PDL wait
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
