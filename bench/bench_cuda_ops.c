@@ -10,9 +10,9 @@
  *           epilogue, the PLE gate with its multiply) on three backends started with BERTH_CUDA_GEMV = new, async
  *           and old, side by side (us, GB/s, each result checked against a host reference), then one decode step's
  *           total per mode (each product times its launches per step);
- *   skinny  the E2B decode products (as gemv1, plus qkv with the RMS-norm prologue) at M = 8, 16, 32, 64 on two
- *           backends started with BERTH_CUDA_SKINNY = 0 (the GEMV at M <= 8, cuBLAS above) and 2 (matmul_skinny.cu
- *           from M = 2), side by side: us, GB/s, each result checked; one decode step's products per M;
+ *   skinny  the E2B decode products (as gemv1, plus qkv with the RMS-norm prologue) at M = 8, 16, 32, 64 (or
+ *           only BENCH_SKINNY_M, for profilers) on two backends started with BERTH_CUDA_SKINNY = 0 (the GEMV at
+ *           M <= 8, cuBLAS above) and 2 (matmul_skinny.cu from M = 2), side by side: us, GB/s, each result checked; one decode step's products per M;
  *   rms     rms_norm at the decode shapes (1 x 1536, 8 x 256, 8 x 512, 35 x 256) and a 2048 x 1536 prefill: us;
  *   layer   a Gemma-4-like sliding decoder layer (~20 ops: norms, 9 matmuls, rope, kv_append, attention over 256
  *           cached tokens, GELU gates, residual norms) x 35 layers with distinct weights: us per layer against
@@ -796,8 +796,11 @@ static void bench_skinny(double peak_gbs)
     struct sk_side side[2];
     for (int k = 0; k < 2; k++)
         sk_side_open(&side[k], modes[k], pat, xh, uh, nwh);
+    const char *only_m = getenv("BENCH_SKINNY_M"); /* one M of Ms only (profiling runs) */
     for (size_t mi = 0; mi < sizeof Ms / sizeof Ms[0]; mi++) {
         const int64_t M = Ms[mi];
+        if (only_m && *only_m && strtoll(only_m, NULL, 10) != M)
+            continue;
         printf("  M=%-3" PRId64 " %-24s %6s %7s %7s | %9s %6s | %9s %6s | %6s | %s\n", M, "product", "K", "rows", "MB",
                M <= 8 ? "gemv us" : "cublas us", "GB/s", "skinny us", "GB/s", "ratio", "max err off / skinny");
         double step[2] = {0.0, 0.0}, step_bytes = 0.0;
