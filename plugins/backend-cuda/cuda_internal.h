@@ -270,9 +270,15 @@ berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const be
 struct cu_xpre; /* gemv_xpre.cuh */
 /* cu_op_matmul (matmul.cu) that may also finish p's trailing norm: when yn_done is not NULL and the product's
  * kernel can (gemv_norm.cuh), it does and sets *yn_done; otherwise *yn_done is left alone and nothing of the norm
- * is enqueued. xp (from cu_xpre_plan, or NULL): the batch-1 GEMV runs p's x_pre in its prologue. */
+ * is enqueued. xp (from cu_xpre_plan, or NULL): the batch-1 GEMV runs p's x_pre in its prologue. pre (p's x_pre,
+ * or NULL): the norm is launched before the product's kernels — on the cuBLAS path as the pass that also writes
+ * the packed x (cu_rms_norm_packed) instead of a pack of its own. */
 berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done,
-                           const struct cu_xpre *xp);
+                           const struct cu_xpre *xp, const berth_rms_norm_params *pre);
+/* norm.cu: rms_norm p that also writes its last output rounded to bdt (BF16 / F16) at xb, rows ldb elements apart,
+ * where the fast kernel takes p's rows (*done true); otherwise nothing is enqueued. */
+berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p, void *xb,
+                                int64_t ldb, int bdt, bool *done);
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out
  * when it can; otherwise the caller runs the norm as an op of its own first. */
 bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, struct cu_xpre *out);

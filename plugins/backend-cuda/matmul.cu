@@ -65,7 +65,7 @@
 /* matmul_skinny.cu: the weight-streaming tensor-core kernel for be->skinny_min_m <= M <= 64 (bf16 mode); *ran
  * false when it does not apply (nothing enqueued). */
 berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
-                              int64_t K, bool *ran);
+                              int64_t K, bool *ran, const berth_rms_norm_params *pre);
 
 #define MM_GEMV_MAX_M 8                  /* M up to this uses the GEMV kernel in both compute modes */
 #define MM_THREADS 256                   /* GEMV block size */
@@ -876,7 +876,7 @@ static cudaDataType mm_cuda_type(int dt)
 }
 
 static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
-                            int64_t K)
+                            int64_t K, const berth_rms_norm_params *pre)
 {
     const int wdt = p->w.dtype;
     const bool half_w = wdt != BERTH_DTYPE_F32;
@@ -887,6 +887,8 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     berth_status st;
 
     const bool glu = opck_matmul_glu(p) != BERTH_GLU_NONE; /* z goes to the workspace, then the glu kernel */
+    if (K == 0 && pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
+        return st;
     if (K == 0 && !glu) /* no product: y = (accumulate ? y : 0) + bias */
         return mm_epilogue(be, s, p, M, N, NULL, 0);
     if (K == 0) { /* z = 0 (+ bias, which the glu kernel adds) */
@@ -924,9 +926,18 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
         ws = (char *)w0;
     }
 
+    /* x_pre (pre): the norm first; where x is rounded for the tensor cores, its kernel also writes that copy (one
+     * launch less per product: Gemma 4's post-norms feed q|k|v, gate|up and the PLE gate) */
+    bool packed = false;
+    if (pre && !ldx_direct && x_to_w && !norm &&
+        (st = cu_rms_norm_packed(be, s, pre, ws + x_off, ldx, wdt, &packed)) != BERTH_OK)
+        return st;
+    if (pre && !packed && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
+        return st;
     const void *xb = cu_ptr(&p->x);
     if (!ldx_direct) {
-        if ((st = mm_pack_x(be, s, p, true, M, K, ws + x_off, ldx, x_to_w ? wdt : BERTH_DTYPE_F32)) != BERTH_OK)
+        if (!packed &&
+            (st = mm_pack_x(be, s, p, true, M, K, ws + x_off, ldx, x_to_w ? wdt : BERTH_DTYPE_F32)) != BERTH_OK)
             return st;
         xb = ws + x_off;
     }
@@ -1010,25 +1021,27 @@ bool cu_check_matmul(const berth_backend *be, struct opck *c, const berth_matmul
 
 berth_status cu_op_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
-    return cu_matmul_run(be, s, p, NULL, NULL);
+    return cu_matmul_run(be, s, p, NULL, NULL, NULL);
 }
 
 berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *yn_done,
-                           const cu_xpre *xp)
+                           const cu_xpre *xp, const berth_rms_norm_params *pre)
 {
     CU_OP_BEGIN(be, matmul, p);
     const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
     if (M == 0 || N == 0 || ((be->skip & CU_SKIP_SMALL) && (K <= 512 || N <= 512)))
-        return BERTH_OK;
+        return pre ? cu_op_rms_norm(be, s, pre) : BERTH_OK;
     /* matmul_skinny.cu first: batched decode in bf16 mode (be->skinny_min_m <= M <= 64, its layout rules); when it
      * declines, the GEMV up to M = 8, cuBLAS above */
     if (xp) /* cu_xpre_plan planned gemv.cu's batch-1 kernel: mm_gemv serves the plan or fails */
         return mm_gemv(be, s, p, M, N, K, yn_done, xp);
     bool ran = false;
-    const berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran);
+    berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran, pre);
     if (st != BERTH_OK || ran)
+        return st;
+    if (M <= MM_GEMV_MAX_M && pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
         return st;
     if (M <= MM_GEMV_MAX_M)
         return mm_gemv(be, s, p, M, N, K, yn_done, xp);
-    return mm_blas(be, s, p, M, N, K);
+    return mm_blas(be, s, p, M, N, K, pre);
 }

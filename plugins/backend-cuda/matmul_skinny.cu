@@ -681,9 +681,9 @@ static bool sk_clusters_fit(const sk_plan &pl)
 /* Runs the matmul (already checked by cu_check_matmul) with the skinny kernel when it applies: BF16 compute mode,
  * be->skinny_min_m <= M <= SK_MAX_M, bf16/f16 w under the layout rules of the top comment, and enough opt-in
  * shared memory. *ran says whether it did; when it did not, nothing was enqueued and the caller takes another
- * path. */
+ * path. pre (p's x_pre, or NULL): the norm is launched just before the kernel. */
 berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t N,
-                              int64_t K, bool *ran)
+                              int64_t K, bool *ran, const berth_rms_norm_params *pre)
 {
     *ran = false;
     const int wdt = p->w.dtype;
@@ -741,6 +741,11 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.nkt = (int32_t)((K + SK_BK - 1) / SK_BK);
     a.kt_per_split = pl.per;
 
+    if (pre) { /* x_pre: the norm first (the kernel reads its output as x) */
+        const berth_status st = cu_op_rms_norm(be, s, pre);
+        if (st != BERTH_OK)
+            return st;
+    }
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
         e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits), dim3((unsigned)pl.k.threads),

@@ -31,6 +31,20 @@
 #include <inttypes.h>
 #include <string.h>
 
+/* Float4 q of row `row` of the packed copy (nm_rms_args.xb), rounded to nearest even. */
+static __device__ __forceinline__ void nm_st_packed(const nm_rms_args &a, int64_t row, int q, float4 v)
+{
+    uint2 pk;
+    if (a.bdt == BERTH_DTYPE_BF16) {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+        pk = make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+    } else {
+        const __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+        pk = make_uint2(*reinterpret_cast<const uint32_t *>(&lo), *reinterpret_cast<const uint32_t *>(&hi));
+    }
+    reinterpret_cast<uint2 *>((char *)a.xb + (row * a.ldb + 4 * (int64_t)q) * 2)[0] = pk;
+}
+
 /* The rows a thread's team handles, its lane in the team and the team's sum. */
 template <bool WARP>
 struct nm_team {
@@ -284,6 +298,8 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
             y[q] = o;
             if (a.has_y2)
                 ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+            else if (a.xb)
+                nm_st_packed(a, row, q, o);
         }
         if (a.has_y2) { /* uniform over the team: tm.sum's barriers are safe */
             float4 *y2 = (float4 *)nm_row(a.y2, row);
@@ -300,6 +316,8 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
                 o2.z = v[j].z * inv2 * w2v[j].z;
                 o2.w = v[j].w * inv2 * w2v[j].w;
                 y2[q] = o2;
+                if (a.xb)
+                    nm_st_packed(a, row, q, o2);
             }
         }
     }
@@ -601,6 +619,35 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     return cu_check(be, e, "rms_norm kernel");
 }
 
+/* rms_norm p (an x_pre: no RoPE) with the packed copy of its last output at xb (rows ldb elements apart, a
+ * multiple of 4; dtype bdt, BF16 or F16), when the fast kernel takes its rows: *done says whether it ran (else
+ * nothing was enqueued). */
+berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p, void *xb,
+                                int64_t ldb, int bdt, bool *done)
+{
+    *done = false;
+    CU_OP_BEGIN(be, rms_norm, p);
+    const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
+    if (n == 0 || rows == 0 || opck_rms_rope_pairs(p) > 0 || (be->skip & CU_SKIP_NORM) || ldb % 4 != 0 ||
+        ldb < n || (uintptr_t)xb % 16 != 0 || (bdt != BERTH_DTYPE_BF16 && bdt != BERTH_DTYPE_F16))
+        return BERTH_OK;
+    nm_rms_args a = nm_rms_args_of(p);
+    a.xb = xb;
+    a.ldb = ldb;
+    a.bdt = bdt;
+    cudaError_t e;
+    switch (nm_vec_wdt(p, a)) {
+    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a); break;
+    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a); break;
+    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a); break;
+    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a); break;
+    default: return BERTH_OK; /* the general kernels carry no packed copy */
+    }
+    const berth_status st = cu_check(be, e, "rms_norm kernel (with the packed product input)");
+    *done = st == BERTH_OK;
+    return st;
+}
+
 bool cu_ynorm_plan(const berth_backend *be, const berth_stream *s, const berth_rms_norm_params *yn, int64_t M,
                    cu_ynorm *out)
 {
@@ -776,13 +823,11 @@ berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const be
     const bool skip = (be->skip & CU_SKIP_YNORM) != 0; /* the ablation switch covers post-norms either side */
     cu_xpre xp;
     const bool fuse = xn && !skip && cu_xpre_plan(be, p, &xp);
-    if (xn && !fuse && !skip) {
-        const berth_status st = cu_op_rms_norm(be, s, xn);
-        if (st != BERTH_OK)
-            return st;
-    }
     bool done = false;
-    const berth_status st = cu_matmul_run(be, s, p, yn ? &done : NULL, fuse ? &xp : NULL);
+    /* not fused into the batch-1 GEMV: cu_matmul_run launches the norm first, or as the pass that packs x for
+     * cuBLAS (its rounded copy of the product's input) */
+    const berth_status st =
+        cu_matmul_run(be, s, p, yn ? &done : NULL, fuse ? &xp : NULL, xn && !fuse && !skip ? xn : NULL);
     if (yn && skip)
         return st;
     return st == BERTH_OK && yn && !done ? cu_op_rms_norm(be, s, yn) : st;

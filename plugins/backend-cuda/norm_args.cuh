@@ -32,6 +32,11 @@ struct nm_rms_args {
     const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
     int32_t w2_early;  /* fast kernel: w2 may be read before cu_pdl_wait (a weights buffer) */
     cu_rows y2;
+    /* fast kernel: a copy of the last output (y2, else y) rounded to bdt (bf16 / f16), row r at xb + r * ldb
+     * elements: the packed x of the cuBLAS product that reads it (matmul.cu's mm_blas); NULL: none */
+    void *xb;
+    int64_t ldb;
+    int32_t bdt;
 };
 
 /* Row i of a tensor whose rows the norms read and write as floats. */
