@@ -194,7 +194,7 @@ static __device__ __forceinline__ void nm_ld_weights(const nm_rms_args &a, int l
 
 /* Fast kernel (see the top comment): thread `lane` of a row's team owns float4 number lane + j * width of the
  * row, j < V. WDT: the weight dtype, or NM_WNONE for the weightless modes. */
-template <int WDT, bool WARP, int V>
+template <int WDT, bool WARP, int V, bool PK>
 __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_rms_args a)
 {
     __shared__ float scratch[32];
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
             y[q] = o;
             if (a.has_y2)
                 ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
-            else if (a.xb)
+            else if (PK)
                 nm_st_packed(a, row, q, o);
         }
         if (a.has_y2) { /* uniform over the team: tm.sum's barriers are safe */
@@ -316,7 +316,7 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
                 o2.z = v[j].z * inv2 * w2v[j].z;
                 o2.w = v[j].w * inv2 * w2v[j].w;
                 y2[q] = o2;
-                if (a.xb)
+                if constexpr (PK)
                     nm_st_packed(a, row, q, o2);
             }
         }
@@ -501,8 +501,9 @@ static int64_t nm_vec_block_threads(int64_t nv)
 }
 
 /* The fast kernel for weight dtype WDT: a warp per row (V float4 per lane, 8 rows per block at most) or a block
- * per row (2 float4 per thread). */
-template <int WDT>
+ * per row (2 float4 per thread). PK: with the packed copy (a.xb; instances of their own, so that the plain norm's
+ * code stays as it was: at batch 1 a uniform branch in it measured 0.5% of a token). */
+template <int WDT, bool PK = false>
 static cudaError_t nm_rms_vec_launch(berth_backend *be, cudaStream_t cs, const nm_rms_args &a)
 {
     const int64_t nv = a.n / 4;
@@ -511,14 +512,14 @@ static cudaError_t nm_rms_vec_launch(berth_backend *be, cudaStream_t cs, const n
         int64_t g = (a.rows + wpb - 1) / wpb;
         const dim3 grid((unsigned)(g > (1 << 20) ? (1 << 20) : g)), block((unsigned)(32 * wpb));
         if (nv <= 32)
-            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 1>, a);
+            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 1, PK>, a);
         if (nv <= 64)
-            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 2>, a);
-        return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 4>, a);
+            return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 2, PK>, a);
+        return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, true, 4, PK>, a);
     }
     const int64_t threads = nm_vec_block_threads(nv);
     const dim3 grid((unsigned)(a.rows > (1 << 20) ? (1 << 20) : a.rows)), block((unsigned)threads);
-    return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, false, 2>, a);
+    return cu_launch(be, cs, grid, block, 0, nm_rms_vec_kernel<WDT, false, 2, PK>, a);
 }
 
 /* rms_norm's kernel arguments for p, without the RoPE fields. */
@@ -637,10 +638,10 @@ berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_
     a.bdt = bdt;
     cudaError_t e;
     switch (nm_vec_wdt(p, a)) {
-    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a); break;
-    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a); break;
-    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a); break;
-    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a); break;
+    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE, true>(be, s->cs, a); break;
+    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16, true>(be, s->cs, a); break;
+    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16, true>(be, s->cs, a); break;
+    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32, true>(be, s->cs, a); break;
     default: return BERTH_OK; /* the general kernels carry no packed copy */
     }
     const berth_status st = cu_check(be, e, "rms_norm kernel (with the packed product input)");
