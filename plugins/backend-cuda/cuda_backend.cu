@@ -390,6 +390,13 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
                      "expected", sx);
     }
+    be->skinny_mg = 0;
+    if (const char *mg = getenv("BERTH_CUDA_SKINNY_MG")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(mg, "0") == 0 || strcmp(mg, "8") == 0 || strcmp(mg, "16") == 0 || strcmp(mg, "32") == 0)
+            be->skinny_mg = atoi(mg);
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MG='%s' ignored: 0, 8, 16 or 32 is expected", mg);
+    }
     /* 64 rows of w per block where that tile exists: on the H200 it beat the bandwidth model's own choice end to
      * end (E2B decode, 8 / 16 sequences: 2531 / 4259 tok/s against 2343 / 4146; bench/RESULTS.md session 4). */
     be->skinny_bn = 64;

@@ -115,6 +115,8 @@ struct berth_backend {
     int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never
                                  * (env BERTH_CUDA_SKINNY: 0 off, 2..64 the bound, read at init; default below) */
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
+    int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
+                                 * 32) along gridDim.z; 0: one group (env BERTH_CUDA_SKINNY_MG, read at init) */
     int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256 (default
                                  * 64), 0: its own choice per shape (env BERTH_CUDA_SKINNY_BN=64|128|256|auto, read at
                                  * init; for tuning runs) */

@@ -98,6 +98,7 @@ struct sk_args {
     const void *bias;         /* NULL: none (HALVES: 2N entries) */
     const void *gw;           /* norm weight (modes W, W_ONE_PLUS; 16-byte aligned), else NULL */
     int32_t M, N, K;          /* N: outputs (HALVES: half the rows of w) */
+    int32_t mg;               /* rows of x per block: blockIdx.z takes rows [z * mg, z * mg + mg) (mg = M: one) */
     int32_t nkt;              /* k tiles: ceil(K / SK_BK) */
     int32_t kt_per_split;     /* k tiles per block of a cluster (gridDim.y blocks split K) */
     int32_t bias_dt;
@@ -211,6 +212,12 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
 
     const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
     const int splits = (int)gridDim.y, rank = (int)blockIdx.y;
+    /* this block's rows of x: mz .. mz + Mb - 1 (row groups along z; the weights are read by every group, the
+     * later ones mostly from L2) */
+    const int mz = (int)blockIdx.z * a.mg, Mb = a.M - mz < a.mg ? a.M - mz : a.mg;
+    const float *const *const X = a.x + mz;
+    float *const *const Y = a.y + mz;
+    const float *const *const U = a.u + mz;
     const int kt0 = rank * a.kt_per_split;
     const int nt = (a.nkt - kt0 < a.kt_per_split ? a.nkt - kt0 : a.kt_per_split); /* >= 1: no empty split */
     const bool halves = a.glu == BERTH_GLU_HALVES;
@@ -252,8 +259,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
 #pragma unroll
             for (int j = 0; j < C::XCH; j++) {
                 const int m = j * (THREADS / 16) + (t >> 4);
-                if (m < a.M)
-                    sk_cp16(xs + m * 256 + c4 * 16, in ? a.x[m] + k0 + c4 * 4 : a.x[m], in ? 16 : 0);
+                if (m < Mb)
+                    sk_cp16(xs + m * 256 + c4 * 16, in ? X[m] + k0 + c4 * 4 : X[m], in ? 16 : 0);
             }
         } else {
             const int kx = t & 63;
@@ -261,8 +268,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
 #pragma unroll 4
             for (int j = 0; j < C::XEL; j++) {
                 const int m = j * (THREADS / 64) + (t >> 6);
-                if (m < a.M)
-                    sk_cp4(xs + m * 256 + kx * 4, in ? a.x[m] + k0 + kx : a.x[m], in ? 4 : 0);
+                if (m < Mb)
+                    sk_cp4(xs + m * 256 + kx * 4, in ? X[m] + k0 + kx : X[m], in ? 4 : 0);
             }
         }
         if (a.gw) {
@@ -342,7 +349,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
             for (int j = 0; j < C::XCH; j++) {
                 const int m = j * (THREADS / 16) + (t >> 4);
                 float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (m < a.M)
+                if (m < Mb)
                     v = reinterpret_cast<const float4 *>(xs + m * SK_BK)[c4];
                 if (norm) {
                     ss[j] = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss[j]))));
@@ -418,7 +425,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
 
     /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
      * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
-    const int total = a.M * NO;
+    const int total = Mb * NO;
     const int share = (total + splits - 1) / splits;
     const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
     for (int idx = i0 + t; idx < i1; idx += THREADS) {
@@ -476,8 +483,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
         if (halves)
             v = cu_act(a.act, z) * zu;
         else if (a.glu == BERTH_GLU_MUL)
-            v = cu_act(a.act, z) * a.u[m][n];
-        float *yr = a.y[m];
+            v = cu_act(a.act, z) * U[m][n];
+        float *yr = Y[m];
         if (a.accumulate)
             v += yr[n];
         yr[n] = v;
@@ -572,13 +579,13 @@ struct sk_plan {
  * SK_MIN_KT_PER_SPLIT tiles each, at most max_cluster blocks), splits evened out so none is empty; its modelled
  * time. False when the instance does not exist or does not fit. */
 static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t M, int64_t Nout, int64_t K,
-                       bool halves, int max_cluster, sk_plan *pl)
+                       bool halves, int max_cluster, int groups, sk_plan *pl)
 {
     if (!sk_info(wdt, nt, bn, &pl->k) || pl->k.smem > be->smem_optin)
         return false;
     const int64_t n_sms = be->n_sms > 0 ? be->n_sms : 132;
     const int64_t no = halves ? bn / 2 : bn;
-    const int64_t cb = (Nout + no - 1) / no;
+    const int64_t cb = (Nout + no - 1) / no * groups; /* clusters: column blocks x row groups */
     const int64_t nkt = (K + SK_BK - 1) / SK_BK;
     const int64_t slots = n_sms * pl->k.per_sm;
     int64_t splits = slots / cb, cap = nkt / SK_MIN_KT_PER_SPLIT;
@@ -596,8 +603,8 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
     pl->per = (int)per;
     pl->blocks = cb * splits;
 
-    const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0;
-    const double xbytes = (double)cb * (double)M * (double)K * 4.0;
+    const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0 * groups; /* from L2 after the first */
+    const double xbytes = (double)cb * (double)M / groups * (double)K * 4.0;
     const int64_t resident = pl->blocks < slots ? pl->blocks : slots;
     const int64_t tiles = per < pl->k.stages - 1 ? per : pl->k.stages - 1;
     const double inflight = (double)resident * (double)tiles * bn * SK_BK * 2.0;
@@ -620,15 +627,15 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
 /* The cheapest plan over the tile widths (a wider one wins unless a narrower one is 3% cheaper: less x traffic);
  * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists. */
 static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64_t Nout, int64_t K, bool halves,
-                      int max_cluster, sk_plan *best)
+                      int max_cluster, int groups, sk_plan *best)
 {
     static const int widths[] = {256, 128, 64};
-    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, best))
+    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, best))
         return true;
     bool have = false;
     for (int i = 0; i < 3; i++) {
         sk_plan pl;
-        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, &pl))
+        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, groups, &pl))
             continue;
         if (!have || pl.cost < 0.97 * best->cost) {
             *best = pl;
@@ -653,7 +660,7 @@ static cudaError_t sk_prepare(const sk_plan &pl)
 
 /* Whether all of the plan's clusters (one per column block) can be resident at once on this device, as the
  * occupancy calculator sees it (the planner's GPC rule is a guess). */
-static bool sk_clusters_fit(const sk_plan &pl)
+static bool sk_clusters_fit(const sk_plan &pl, int groups)
 {
     if (sk_prepare(pl) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -665,7 +672,7 @@ static bool sk_clusters_fit(const sk_plan &pl)
     attr[0].val.clusterDim.y = (unsigned)pl.splits;
     attr[0].val.clusterDim.z = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(pl.blocks / pl.splits), (unsigned)pl.splits);
+    cfg.gridDim = dim3((unsigned)(pl.blocks / pl.splits / groups), (unsigned)pl.splits, (unsigned)groups);
     cfg.blockDim = dim3((unsigned)pl.k.threads);
     cfg.dynamicSmemBytes = pl.k.smem;
     cfg.attrs = attr;
@@ -700,15 +707,19 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         return BERTH_OK;
     const bool halves = glu == BERTH_GLU_HALVES;
     const int64_t Nout = halves ? N / 2 : N;
-    const int nt = sk_nt(M);
+    /* row groups (be->skinny_mg, BERTH_CUDA_SKINNY_MG): M > mg rows run as ceil(M / mg) groups of mg along
+     * gridDim.z, each with the narrower x tile of mg rows */
+    const int mg = be->skinny_mg > 0 && M > be->skinny_mg ? be->skinny_mg : (int)M;
+    const int groups = (int)((M + mg - 1) / mg);
+    const int nt = sk_nt(mg);
 
     sk_plan pl;
-    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, &pl))
+    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, &pl))
         return BERTH_OK;
-    while (pl.splits > 1 && !sk_clusters_fit(pl)) /* fewer, smaller clusters until they all fit (1: no cluster) */
-        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, &pl))
+    while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
+        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, &pl))
             return BERTH_OK;
-    const int64_t cb = pl.blocks / pl.splits; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
+    const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
     sk_args a;
     memset(&a, 0, sizeof a);
@@ -736,6 +747,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.xvec = xvec;
     a.M = (int32_t)M;
+    a.mg = mg;
     a.N = (int32_t)Nout;
     a.K = (int32_t)K;
     a.nkt = (int32_t)((K + SK_BK - 1) / SK_BK);
@@ -748,7 +760,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     }
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
-        e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits), dim3((unsigned)pl.k.threads),
+        e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits, (unsigned)groups),
+                              dim3((unsigned)pl.k.threads),
                               pl.k.smem, dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn, a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
