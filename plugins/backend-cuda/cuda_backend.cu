@@ -390,6 +390,13 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
                      "expected", sx);
     }
+    be->skinny_small = 1;
+    if (const char *ss = getenv("BERTH_CUDA_SKINNY_SMALL")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(ss, "0") == 0 || strcmp(ss, "1") == 0)
+            be->skinny_small = atoi(ss);
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_SMALL='%s' ignored: 1 or 0 is expected", ss);
+    }
     be->skinny_mg = 0;
     if (const char *mg = getenv("BERTH_CUDA_SKINNY_MG")) { /* a measurement switch (docs/config.md) */
         if (strcmp(mg, "0") == 0 || strcmp(mg, "8") == 0 || strcmp(mg, "16") == 0 || strcmp(mg, "32") == 0)

@@ -115,6 +115,8 @@ struct berth_backend {
     int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never
                                  * (env BERTH_CUDA_SKINNY: 0 off, 2..64 the bound, read at init; default below) */
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
+    int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
+                                 * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
                                  * 32) along gridDim.z; 0: one group (env BERTH_CUDA_SKINNY_MG, read at init) */
     int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256 (default
@@ -141,6 +143,7 @@ struct berth_backend {
 /* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
  * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
 #define CU_SKINNY_MAX_M 16
+#define CU_SKINNY_SMALL_KN 512 /* products with K or N at most this go to matmul_skinny.cu up to M = 64 */
 
 #define CU_PDL_OFF 1
 #define CU_PDL_ON 2

@@ -694,8 +694,12 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
 {
     *ran = false;
     const int wdt = p->w.dtype;
-    if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m || M > be->skinny_max_m || M > SK_MAX_M || K <= 0 ||
-        K % 8 != 0 || (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
+    /* small products (K or N at most CU_SKINNY_SMALL_KN: the PLE gate and projection) up to SK_MAX_M rows, in row
+     * groups: there cuBLAS's fixed cost (a pack, the GEMM, a GLU kernel) outweighs the weights (be->skinny_small) */
+    const bool small = be->skinny_small && M > be->skinny_max_m && (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN);
+    if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
+        (M > be->skinny_max_m && !small) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
+        (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
         return BERTH_OK;
     const int64_t ldw = N > 1 ? p->w.nb[1] : K * 2;
     const char *w = cu_ptr(&p->w);
@@ -709,7 +713,9 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const int64_t Nout = halves ? N / 2 : N;
     /* row groups (be->skinny_mg, BERTH_CUDA_SKINNY_MG): M > mg rows run as ceil(M / mg) groups of mg along
      * gridDim.z, each with the narrower x tile of mg rows */
-    const int mg = be->skinny_mg > 0 && M > be->skinny_mg ? be->skinny_mg : (int)M;
+    int mg = be->skinny_mg > 0 && M > be->skinny_mg ? be->skinny_mg : (int)M;
+    if (small && be->skinny_mg == 0) /* op bench at M = 32 (bench/RESULTS.md session 8): 8 rows for short K, else 16 */
+        mg = (int)(K <= CU_SKINNY_SMALL_KN ? (M > 8 ? 8 : M) : (M > 16 ? 16 : M));
     const int groups = (int)((M + mg - 1) / mg);
     const int nt = sk_nt(mg);
 
