@@ -683,8 +683,9 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     int64_t cap = 0;
     const int64_t kvb = adm_key_bound(be, p, &cap);
     const int64_t base = (int64_t)p->n_seqs * kv->n_kv_heads;
-    int ns = adm_splits(be, kvb, base, bps, bn);
-    const int ns_ws = adm_splits(be, cap, base, bps, bn); /* the workspace is sized for the capacity bound */
+    const int wbps = be->att_mma_bps > 0 ? be->att_mma_bps : bps; /* BERTH_CUDA_ATT_MMA_BPS: tuning runs */
+    int ns = adm_splits(be, kvb, base, wbps, bn);
+    const int ns_ws = adm_splits(be, cap, base, wbps, bn); /* the workspace is sized for the capacity bound */
     if (reserve_only) { /* the capture sizes by the table's capacity: reserve that now (no growth while capturing) */
         ns = ns_ws;
         if (ns == 0 || (ns > 1 && base > CU_ATT_COUNTERS))

@@ -337,6 +337,13 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     /* Late by default: the next kernel (o_proj's GEMV) then starts its early weight loads after attention has
      * its K/V, not while it waits for them (E2B decode on the H200: +1.7% at batch 1, +1.2% at 8; session 5). */
     be->att_late_trigger = 1;
+    be->att_mma_bps = 0;
+    if (const char *mb = getenv("BERTH_CUDA_ATT_MMA_BPS")) { /* a measurement switch (docs/config.md) */
+        if (mb[0] >= '0' && mb[0] <= '8' && mb[1] == '\0')
+            be->att_mma_bps = mb[0] - '0';
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_MMA_BPS='%s' ignored: 0..8 is expected", mb);
+    }
     if (const char *tr = getenv("BERTH_CUDA_ATT_TRIGGER")) { /* a measurement switch (docs/config.md) */
         if (strcmp(tr, "early") == 0)
             be->att_late_trigger = 0;

@@ -103,6 +103,8 @@ struct berth_backend {
     int att_split_keys;         /* decode attention: fewest keys per split (env BERTH_CUDA_ATT_SPLIT_KEYS, read at
                                  * init; default 16) */
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
+    int att_mma_bps;            /* tensor-core decode attention: blocks per SM its split count fills (0: as many as
+                                 * fit; env BERTH_CUDA_ATT_MMA_BPS=1..8, read at init; tuning runs) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
