@@ -145,7 +145,9 @@ struct berth_backend {
 /* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
  * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
 #define CU_SKINNY_MAX_M 16
-#define CU_SKINNY_SMALL_KN 512 /* products with K or N at most this go to matmul_skinny.cu up to M = 64 */
+/* ... except products with K or N at most this, which stay on it up to M = 64, in row groups (the PLE gate and
+ * projection at 32 rows: 5.0 / 3.9 us against 7.2 / 4.3 through cuBLAS; bench/RESULTS.md session 8) */
+#define CU_SKINNY_SMALL_KN 512
 
 #define CU_PDL_OFF 1
 #define CU_PDL_ON 2

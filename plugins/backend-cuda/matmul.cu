@@ -44,6 +44,10 @@
  *    H200 and dropped: the M = 1 GEMV is close to the SM's instruction-issue limit at full bandwidth, and the
  *    extra multiply-adds per weight chunk made the qkv and gate|up products 1.5-2x slower than the gather launch
  *    they saved (batch-1 decode 372 -> 323 tok/s).
+ *  - A norm before the product (x_pre, a post-norm whose output is x) is launched first (cu_matmul_run's pre),
+ *    except at batch 1 where cu_xpre_plan may put it in the GEMV's prologue (off by default). On the cuBLAS path
+ *    in bf16 mode its kernel also writes the rounded copy of x into the workspace (cu_rms_norm_packed), so no pack
+ *    runs: one launch less per such product (+2.9% at 32 sequences, bench/RESULTS.md session 8).
  *  - A trailing norm (y_norm) after a plain GEMV product runs in the grid's last block (gemv_norm.cuh; the
  *    kernels' YN instances) instead of a second launch, where cu_ynorm_plan allows; cu_op_matmul_then_norm
  *    (norm.cu) launches it otherwise.
