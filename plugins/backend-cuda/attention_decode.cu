@@ -1000,7 +1000,9 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     berth_status st = adc_setup(be, s->cs, k, &info2);
     if (st != BERTH_OK)
         return st;
-    if (pl.cs > info2.max_cs) { /* this instance refused clusters of 16 */
+    /* this instance refused clusters of 16, or cannot keep all of the call's clusters of 16 resident at once (its
+     * own limit: registers, threads and shared memory differ from the NRW = 1 instance that planned the shape) */
+    if (pl.cs > info2.max_cs || (pl.cs > 8 && (int64_t)pl.hg * kv->n_kv_heads * p->n_seqs > info2.c16)) {
         adc_shape(be, p, (int)n_rep, 8, 0, &pl);
         k = adc_pick(kv->dtype, pl.E, pl.nrw);
         if (!k.fn)

@@ -119,6 +119,8 @@ struct berth_backend {
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
+    int skinny_strict;          /* a plan that declines a call in matmul_skinny.cu's range fails it (env
+                                 * BERTH_CUDA_SKINNY_STRICT=1, read at init; tests) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
                                  * 32) along gridDim.z; 0: one group (env BERTH_CUDA_SKINNY_MG, read at init) */
     int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256 (default
@@ -148,6 +150,7 @@ struct berth_backend {
 /* ... except products with K or N at most this, which stay on it up to M = 64, in row groups (the PLE gate and
  * projection at 32 rows: 5.0 / 3.9 us against 7.2 / 4.3 through cuBLAS; bench/RESULTS.md session 8) */
 #define CU_SKINNY_SMALL_KN 512
+#define CU_SKINNY_SMALL_BYTES (4u << 20) /* ... and at most this many bytes of weights (each row group reads them) */
 
 #define CU_PDL_OFF 1
 #define CU_PDL_ON 2

@@ -931,7 +931,8 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     }
 
     /* x_pre (pre): the norm first; where x is rounded for the tensor cores, its kernel also writes that copy (one
-     * launch less per product: Gemma 4's post-norms feed q|k|v, gate|up and the PLE gate) */
+     * launch less per product: Gemma 4's post-norms feed q|k|v and gate|up here; the PLE gate takes the skinny
+     * kernel up to 64 rows) */
     bool packed = false;
     if (pre && !ldx_direct && x_to_w && !norm &&
         (st = cu_rms_norm_packed(be, s, pre, ws + x_off, ldx, wdt, &packed)) != BERTH_OK)

@@ -38,8 +38,16 @@
  * apart and K a multiple of 8; the norm weight (modes W, W_ONE_PLUS) 16-byte aligned. x and y rows are free
  * (per-row pointers; 16-byte x loads where every row is 16-byte aligned, else 4-byte ones).
  *
+ * Row groups: a product of more rows can run as ceil(M / mg) groups of mg rows along gridDim.z, each block with
+ * the narrow x tile of its group and all of the group's blocks reading the same weights (the later groups mostly
+ * from L2). Measured only worth it for small products (K or N <= CU_SKINNY_SMALL_KN, at most CU_SKINNY_SMALL_BYTES
+ * of weights: Gemma 4's PLE gate and projection), which take the kernel up to 64 rows that way.
+ *
  * Switches (read at backend init, cuda_backend.cu; docs/config.md): BERTH_CUDA_SKINNY 0 off, 2..64 the smallest M
- * it takes (default CU_SKINNY_MIN_M); BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width (tuning runs).
+ * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
+ * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
+ * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
+ * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
@@ -199,7 +207,8 @@ static __device__ __forceinline__ float sk_norm_factor(int mode, float g)
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.
 
-/* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x all M rows of x, over k tiles
+/* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x the mg rows of x of its row group
+ * (blockIdx.z), over k tiles
  * [blockIdx.y * kt_per_split, ...). gridDim.y > 1 only as a cluster of that many blocks (see the top comment). */
 template <int WDT, int NT, int BN>
 __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
@@ -603,7 +612,8 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
     pl->per = (int)per;
     pl->blocks = cb * splits;
 
-    const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0 * groups; /* from L2 after the first */
+    /* every row group streams the weights (all but the first mostly from L2; costed at the DRAM rate all the same) */
+    const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0 * groups;
     const double xbytes = (double)cb * (double)M / groups * (double)K * 4.0;
     const int64_t resident = pl->blocks < slots ? pl->blocks : slots;
     const int64_t tiles = per < pl->k.stages - 1 ? per : pl->k.stages - 1;
@@ -658,7 +668,7 @@ static cudaError_t sk_prepare(const sk_plan &pl)
     return e;
 }
 
-/* Whether all of the plan's clusters (one per column block) can be resident at once on this device, as the
+/* Whether all of the plan's clusters (one per column block and row group) can be resident at once on this device, as the
  * occupancy calculator sees it (the planner's GPC rule is a guess). */
 static bool sk_clusters_fit(const sk_plan &pl, int groups)
 {
@@ -685,6 +695,17 @@ static bool sk_clusters_fit(const sk_plan &pl, int groups)
     return n > 0 && (int64_t)n >= pl.blocks / pl.splits;
 }
 
+/* A call in the kernel's range (rows, layout) that its plan declines: the caller's other paths take it, or with
+ * BERTH_CUDA_SKINNY_STRICT=1 (tests) the call fails, so that a silent fallback cannot pass a kernel test. */
+static berth_status sk_decline(berth_backend *be, int64_t M, int64_t N, int64_t K, const char *why)
+{
+    if (!be->skinny_strict)
+        return BERTH_OK;
+    return cu_fail(be->host, BERTH_E_INTERNAL,
+                   "matmul: the skinny kernel declined M = %lld, N = %lld, K = %lld in its range (%s)", (long long)M,
+                   (long long)N, (long long)K, why);
+}
+
 /* Runs the matmul (already checked by cu_check_matmul) with the skinny kernel when it applies: BF16 compute mode,
  * be->skinny_min_m <= M <= SK_MAX_M, bf16/f16 w under the layout rules of the top comment, and enough opt-in
  * shared memory. *ran says whether it did; when it did not, nothing was enqueued and the caller takes another
@@ -696,7 +717,9 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const int wdt = p->w.dtype;
     /* small products (K or N at most CU_SKINNY_SMALL_KN: the PLE gate and projection) up to SK_MAX_M rows, in row
      * groups: there cuBLAS's fixed cost (a pack, the GEMM, a GLU kernel) outweighs the weights (be->skinny_small) */
-    const bool small = be->skinny_small && M > be->skinny_max_m && (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN);
+    const bool small = be->skinny_small && M > be->skinny_max_m &&
+                       (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
+                       K * N * (int64_t)(wdt == BERTH_DTYPE_F32 ? 4 : 2) <= CU_SKINNY_SMALL_BYTES;
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
         (M > be->skinny_max_m && !small) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
         (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
@@ -721,10 +744,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
 
     sk_plan pl;
     if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, &pl))
-        return BERTH_OK;
+        return sk_decline(be, M, N, K, "no tiling fits the device");
     while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, &pl))
-            return BERTH_OK;
+            return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
     sk_args a;

@@ -1535,6 +1535,11 @@ static const struct xp_case xp_cases[] = {
     {8, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, -1, 0},
     {20, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
     {1, 77, 1536, F32, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    /* more rows: in BF16 mode on cuBLAS the norm also writes the packed x (f16 copy, no y2; a warp per row at K =
+     * 512), and the PLE gate's shape at 32 rows (the skinny kernel's row groups by default) */
+    {32, 1536, 1536, F16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
+    {72, 512, 1536, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.5f, -1, 0},
+    {32, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
     {1, 6144, 256, BF16, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
 };
 #define N_XP_CASES ((int)(sizeof xp_cases / sizeof xp_cases[0]))
