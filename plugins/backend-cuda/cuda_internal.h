@@ -119,6 +119,8 @@ struct berth_backend {
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
+    int skinny_xpre;            /* products with an x_pre above skinny_max_m rows on matmul_skinny.cu, x rounded by
+                                 * the norm (env BERTH_CUDA_SKINNY_XPRE=1, read at init; default 0; A/B runs) */
     int skinny_strict;          /* a plan that declines a call in matmul_skinny.cu's range fails it (env
                                  * BERTH_CUDA_SKINNY_STRICT=1, read at init; tests) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
@@ -291,6 +293,8 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
  * where the fast kernel takes p's rows (*done true); otherwise nothing is enqueued. */
 berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p, void *xb,
                                 int64_t ldb, int bdt, bool *done);
+/* Whether cu_rms_norm_packed would run p (a 16-byte aligned xb assumed). */
+bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *p, int64_t ldb, int bdt);
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out
  * when it can; otherwise the caller runs the norm as an op of its own first. */
 bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, struct cu_xpre *out);

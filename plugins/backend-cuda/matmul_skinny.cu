@@ -70,18 +70,19 @@ namespace cg = cooperative_groups;
 #define SK_SMEM_TWO (110 * 1024)
 #define SK_SMEM_ONE (220 * 1024)
 
-/* The tiling of one kernel instance: BN rows of w per block, NT n8 tiles of x. */
-template <int BN, int NT>
+/* The tiling of one kernel instance: BN rows of w per block, NT n8 tiles of x; XH: x arrives already rounded to
+ * the weight dtype (sk_args.xh), so each stage holds that tile in the layout ldmatrix reads and nothing converts. */
+template <int BN, int NT, bool XH = false>
 struct sk_shape {
     static constexpr int MP = NT * 8;                  /* x rows in the tile (M padded) */
     static constexpr int THREADS = BN == 256 ? 256 : 128;
     static constexpr int RG = BN / 32;                 /* warps along w rows (32 rows each) */
     static constexpr int KP = THREADS / 32 / RG;       /* warps along k within a tile (BN = 64: 2) */
     static constexpr int WBYTES = BN * SK_BK * 2;      /* w tile: BN rows of 128 bytes, swizzled */
-    static constexpr int XBYTES = MP * SK_BK * 4;      /* x tile, f32 rows of 256 bytes */
-    static constexpr int GBYTES = SK_BK * 4;           /* the norm weight's 64 values, raw (<= 4 bytes each) */
+    static constexpr int XBYTES = MP * SK_BK * (XH ? 2 : 4); /* x tile: f32 rows of 256 bytes (XH: 128, swizzled) */
+    static constexpr int GBYTES = XH ? 0 : SK_BK * 4;  /* the norm weight's 64 values, raw (<= 4 bytes each) */
     static constexpr int STAGE = WBYTES + XBYTES + GBYTES;
-    static constexpr int XB = MP * SK_BK * 2;          /* the converted x tile: bf16/f16 rows of 128 bytes */
+    static constexpr int XB = XH ? 0 : MP * SK_BK * 2; /* the converted x tile: bf16/f16 rows of 128 bytes */
     static constexpr int SSB = SK_MAX_M * 4;           /* the block's sums of squares per x row */
     static constexpr int BUDGET = BN == 256 ? SK_SMEM_ONE : SK_SMEM_TWO;
     static constexpr int S0 = (BUDGET - XB - SSB) / STAGE;
@@ -95,6 +96,7 @@ struct sk_shape {
     static_assert(S >= 3, "at least two stages in flight");
     static_assert(PART <= S * STAGE, "the partial tile reuses the ring");
     static_assert(XCH >= 1 && THREADS % 64 == 0, "thread mappings");
+    static_assert(!XH || (MP * 8) % THREADS == 0, "XH: whole 16-byte x chunks per thread");
 };
 
 struct sk_args {
@@ -117,6 +119,8 @@ struct sk_args {
     int32_t accumulate;
     int32_t early;            /* w may be read before cu_pdl_wait */
     int32_t xvec;             /* every x row 16-byte aligned: 16-byte x loads */
+    const uint16_t *xh;       /* XH instances: x rounded to the weight dtype, row m at xh + m * ldxh (16-byte rows) */
+    int64_t ldxh;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -210,11 +214,11 @@ static __device__ __forceinline__ float sk_norm_factor(int mode, float g)
 /* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x the mg rows of x of its row group
  * (blockIdx.z), over k tiles
  * [blockIdx.y * kt_per_split, ...). gridDim.y > 1 only as a cluster of that many blocks (see the top comment). */
-template <int WDT, int NT, int BN>
-__global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
+template <int WDT, int NT, int BN, bool XH>
+__global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 : 2)
     sk_kernel(const __grid_constant__ sk_args a)
 {
-    using C = sk_shape<BN, NT>;
+    using C = sk_shape<BN, NT, XH>;
     constexpr int S = C::S, MP = C::MP, THREADS = C::THREADS;
     extern __shared__ __align__(128) unsigned char sk_smem[];
     cu_pdl_trigger();
@@ -262,6 +266,17 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
     auto load_x = [&](int kt, int s) {
         const uint32_t xs = base + s * C::STAGE + C::WBYTES;
         const int k0 = kt * SK_BK;
+        if constexpr (XH) { /* 8 chunks of 16 bytes per row, straight into the swizzled tile (K % 8 == 0) */
+#pragma unroll
+            for (int j = 0; j < MP * 8 / THREADS; j++) {
+                const int q = j * THREADS + t, m = q >> 3, c = q & 7;
+                const bool in = k0 + c * 8 < a.K;
+                const uint16_t *row = a.xh + (int64_t)(mz + m) * a.ldxh;
+                if (m < Mb)
+                    sk_cp16(xs + sk_swz(m, c), in ? row + k0 + c * 8 : row, in ? 16 : 0);
+            }
+            return;
+        }
         if (a.xvec) {
             const int c4 = t & 15;
             const bool in = k0 + c4 * 4 < a.K;
@@ -307,7 +322,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
         sk_commit();
     }
 
-    const bool norm = a.norm_mode != BERTH_NORM_W_NONE;
+    const bool norm = !XH && a.norm_mode != BERTH_NORM_W_NONE; /* XH: the host never pairs it with a prologue */
     float acc[2][NT][4];
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
@@ -342,7 +357,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
             sk_commit();
         }
         const int s = i % S;
-        {
+        if constexpr (!XH) {
             /* x tile -> xb in the weight dtype: thread t converts float4 chunk c4 of rows (t >> 4) + j *
              * THREADS/16, applying the prologue's weight and summing squares. */
             const float *xs = reinterpret_cast<const float *>(sk_smem + s * C::STAGE + C::WBYTES);
@@ -373,9 +388,11 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
                 *reinterpret_cast<uint2 *>(sk_smem + S * C::STAGE + sk_swz(m, c4 >> 1) + (c4 & 1) * 8) = pk;
             }
         }
-        __syncthreads(); /* xb complete */
+        if constexpr (!XH)
+            __syncthreads(); /* xb complete */
 
         const uint32_t ws = base + s * C::STAGE;
+        const uint32_t xt = XH ? ws + C::WBYTES : xb; /* the bf16 / f16 x tile the B fragments come from */
 #pragma unroll
         for (int kq = 0; kq < SK_BK / 16 / C::KP; kq++) {
             const int kk = kq * C::KP + kp; /* this warp's k16 steps of the tile */
@@ -385,11 +402,11 @@ __global__ void __launch_bounds__(sk_shape<BN, NT>::THREADS, BN == 256 ? 1 : 2)
                 sk_ldsm4(ws + sk_swz(a_row + mt * 16, 2 * kk + a_hi), af[mt][0], af[mt][1], af[mt][2], af[mt][3]);
             uint32_t bf[NT][2];
             if constexpr (NT == 1) {
-                sk_ldsm2(xb + sk_swz(lane & 7, 2 * kk + b_hi), bf[0][0], bf[0][1]);
+                sk_ldsm2(xt + sk_swz(lane & 7, 2 * kk + b_hi), bf[0][0], bf[0][1]);
             } else {
 #pragma unroll
                 for (int jp = 0; jp < NT / 2; jp++)
-                    sk_ldsm4(xb + sk_swz(jp * 16 + b_row, 2 * kk + b_hi), bf[2 * jp][0], bf[2 * jp][1],
+                    sk_ldsm4(xt + sk_swz(jp * 16 + b_row, 2 * kk + b_hi), bf[2 * jp][0], bf[2 * jp][1],
                              bf[2 * jp + 1][0], bf[2 * jp + 1][1]);
             }
 #pragma unroll
@@ -512,12 +529,12 @@ struct sk_kinfo {
     int threads, stages, per_sm;
 };
 
-template <int WDT, int NT, int BN>
+template <int WDT, int NT, int BN, bool XH = false>
 static sk_kinfo sk_info_of()
 {
-    using C = sk_shape<BN, NT>;
+    using C = sk_shape<BN, NT, XH>;
     sk_kinfo k;
-    k.fn = sk_kernel<WDT, NT, BN>;
+    k.fn = sk_kernel<WDT, NT, BN, XH>;
     k.smem = C::SMEM;
     k.threads = C::THREADS;
     k.stages = C::S;
@@ -528,8 +545,20 @@ static sk_kinfo sk_info_of()
 /* Instances: bf16 / f16 weights x NT 1, 2, 4, 6, 8 x BN 64, 128, and 256 for NT >= 4 (where x's traffic from L2
  * and its shared-memory reads start to matter). */
 template <int WDT, int NT>
-static bool sk_info_nt(int bn, sk_kinfo *k)
+static bool sk_info_nt(int bn, bool xh, sk_kinfo *k)
 {
+    if (xh) { /* x already rounded (sk_args.xh): NT 4 and 8, BN 64 and 128 */
+        if constexpr (NT == 4 || NT == 8) {
+            if (bn == 64)
+                *k = sk_info_of<WDT, NT, 64, true>();
+            else if (bn == 128)
+                *k = sk_info_of<WDT, NT, 128, true>();
+            else
+                return false;
+            return true;
+        }
+        return false;
+    }
     if (bn == 64)
         *k = sk_info_of<WDT, NT, 64>();
     else if (bn == 128)
@@ -545,20 +574,21 @@ static bool sk_info_nt(int bn, sk_kinfo *k)
 }
 
 template <int WDT>
-static bool sk_info_w(int nt, int bn, sk_kinfo *k)
+static bool sk_info_w(int nt, int bn, bool xh, sk_kinfo *k)
 {
     switch (nt) {
-    case 1: return sk_info_nt<WDT, 1>(bn, k);
-    case 2: return sk_info_nt<WDT, 2>(bn, k);
-    case 4: return sk_info_nt<WDT, 4>(bn, k);
-    case 6: return sk_info_nt<WDT, 6>(bn, k);
-    default: return sk_info_nt<WDT, 8>(bn, k);
+    case 1: return sk_info_nt<WDT, 1>(bn, xh, k);
+    case 2: return sk_info_nt<WDT, 2>(bn, xh, k);
+    case 4: return sk_info_nt<WDT, 4>(bn, xh, k);
+    case 6: return sk_info_nt<WDT, 6>(bn, xh, k);
+    default: return sk_info_nt<WDT, 8>(bn, xh, k);
     }
 }
 
-static bool sk_info(int wdt, int nt, int bn, sk_kinfo *k)
+static bool sk_info(int wdt, int nt, int bn, bool xh, sk_kinfo *k)
 {
-    return wdt == BERTH_DTYPE_BF16 ? sk_info_w<BERTH_DTYPE_BF16>(nt, bn, k) : sk_info_w<BERTH_DTYPE_F16>(nt, bn, k);
+    return wdt == BERTH_DTYPE_BF16 ? sk_info_w<BERTH_DTYPE_BF16>(nt, bn, xh, k)
+                                   : sk_info_w<BERTH_DTYPE_F16>(nt, bn, xh, k);
 }
 
 static int sk_nt(int64_t M)
@@ -588,9 +618,9 @@ struct sk_plan {
  * SK_MIN_KT_PER_SPLIT tiles each, at most max_cluster blocks), splits evened out so none is empty; its modelled
  * time. False when the instance does not exist or does not fit. */
 static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t M, int64_t Nout, int64_t K,
-                       bool halves, int max_cluster, int groups, sk_plan *pl)
+                       bool halves, int max_cluster, int groups, bool xh, sk_plan *pl)
 {
-    if (!sk_info(wdt, nt, bn, &pl->k) || pl->k.smem > be->smem_optin)
+    if (!sk_info(wdt, nt, bn, xh, &pl->k) || pl->k.smem > be->smem_optin)
         return false;
     const int64_t n_sms = be->n_sms > 0 ? be->n_sms : 132;
     const int64_t no = halves ? bn / 2 : bn;
@@ -614,7 +644,7 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
 
     /* every row group streams the weights (all but the first mostly from L2; costed at the DRAM rate all the same) */
     const double wbytes = (double)(halves ? 2 * Nout : Nout) * (double)K * 2.0 * groups;
-    const double xbytes = (double)cb * (double)M / groups * (double)K * 4.0;
+    const double xbytes = (double)cb * (double)M / groups * (double)K * (xh ? 2.0 : 4.0);
     const int64_t resident = pl->blocks < slots ? pl->blocks : slots;
     const int64_t tiles = per < pl->k.stages - 1 ? per : pl->k.stages - 1;
     const double inflight = (double)resident * (double)tiles * bn * SK_BK * 2.0;
@@ -637,15 +667,15 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
 /* The cheapest plan over the tile widths (a wider one wins unless a narrower one is 3% cheaper: less x traffic);
  * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists. */
 static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64_t Nout, int64_t K, bool halves,
-                      int max_cluster, int groups, sk_plan *best)
+                      int max_cluster, int groups, bool xh, sk_plan *best)
 {
     static const int widths[] = {256, 128, 64};
-    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, best))
+    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, xh, best))
         return true;
     bool have = false;
     for (int i = 0; i < 3; i++) {
         sk_plan pl;
-        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, groups, &pl))
+        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, groups, xh, &pl))
             continue;
         if (!have || pl.cost < 0.97 * best->cost) {
             *best = pl;
@@ -720,8 +750,13 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const bool small = be->skinny_small && M > be->skinny_max_m &&
                        (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
                        K * N * (int64_t)(wdt == BERTH_DTYPE_F32 ? 4 : 2) <= CU_SKINNY_SMALL_BYTES;
+    /* a product with its norm (x_pre) above skinny_max_m rows (be->skinny_xpre, BERTH_CUDA_SKINNY_XPRE=1): the norm
+     * writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
+    const int64_t ldxh = (K + 7) / 8 * 8;
+    const bool xpre = be->skinny_xpre && pre && !small && M > be->skinny_max_m &&
+                      opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && cu_rms_norm_packable(be, pre, ldxh, wdt);
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
-        (M > be->skinny_max_m && !small) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
+        (M > be->skinny_max_m && !small && !xpre) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
         (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
         return BERTH_OK;
     const int64_t ldw = N > 1 ? p->w.nb[1] : K * 2;
@@ -740,14 +775,14 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     if (small && be->skinny_mg == 0) /* op bench at M = 32 (bench/RESULTS.md session 8): 8 rows for short K, else 16 */
         mg = (int)(K <= CU_SKINNY_SMALL_KN ? (M > 8 ? 8 : M) : (M > 16 ? 16 : M));
     const int groups = (int)((M + mg - 1) / mg);
-    const int nt = sk_nt(mg);
+    const int nt = xpre ? (mg <= 32 ? 4 : 8) : sk_nt(mg); /* the XH instances: NT 4 and 8 */
 
     sk_plan pl;
-    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, &pl))
-        return sk_decline(be, M, N, K, "no tiling fits the device");
+    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, xpre, &pl))
+        return xpre ? BERTH_OK : sk_decline(be, M, N, K, "no tiling fits the device");
     while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
-        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, &pl))
-            return sk_decline(be, M, N, K, "no cluster size fits the device");
+        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xpre, &pl))
+            return xpre ? BERTH_OK : sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
     sk_args a;
@@ -782,7 +817,19 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.nkt = (int32_t)((K + SK_BK - 1) / SK_BK);
     a.kt_per_split = pl.per;
 
-    if (pre) { /* x_pre: the norm first (the kernel reads its output as x) */
+    if (xpre) { /* x_pre: the norm first, writing the rounded x the XH instance reads */
+        void *ws = NULL;
+        bool done = false;
+        berth_status st = cu_stream_ws(be, s, (size_t)(M * ldxh) * 2, &ws);
+        if (st == BERTH_OK)
+            st = cu_rms_norm_packed(be, s, pre, ws, ldxh, wdt, &done);
+        if (st == BERTH_OK && !done) /* cu_rms_norm_packable said yes */
+            st = cu_fail(be->host, BERTH_E_INTERNAL, "matmul: the skinny kernel's packed norm declined");
+        if (st != BERTH_OK)
+            return st;
+        a.xh = (const uint16_t *)ws;
+        a.ldxh = ldxh;
+    } else if (pre) { /* x_pre: the norm first (the kernel reads its output as x) */
         const berth_status st = cu_op_rms_norm(be, s, pre);
         if (st != BERTH_OK)
             return st;

@@ -620,6 +620,17 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     return cu_check(be, e, "rms_norm kernel");
 }
 
+/* Whether cu_rms_norm_packed would run p with rows ldb elements apart in dtype bdt (a 16-byte aligned xb). */
+bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *p, int64_t ldb, int bdt)
+{
+    const int64_t n = p->x.ne[0];
+    if (n == 0 || cu_nrows(&p->x) == 0 || opck_rms_rope_pairs(p) > 0 || (be->skip & CU_SKIP_NORM) || ldb % 4 != 0 ||
+        ldb < n || (bdt != BERTH_DTYPE_BF16 && bdt != BERTH_DTYPE_F16))
+        return false;
+    const nm_rms_args a = nm_rms_args_of(p);
+    return nm_vec_wdt(p, a) != NM_VEC_NO;
+}
+
 /* rms_norm p (an x_pre: no RoPE) with the packed copy of its last output at xb (rows ldb elements apart, a
  * multiple of 4; dtype bdt, BF16 or F16), when the fast kernel takes its rows: *done says whether it ran (else
  * nothing was enqueued). */
