@@ -405,8 +405,12 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_SMALL='%s' ignored: 1 or 0 is expected", ss);
     }
     be->skinny_xpre = 0;
-    if (const char *sx = getenv("BERTH_CUDA_SKINNY_XPRE")) /* a measurement switch (docs/config.md) */
-        be->skinny_xpre = strcmp(sx, "1") == 0;
+    if (const char *sx = getenv("BERTH_CUDA_SKINNY_XPRE")) { /* a measurement switch (docs/config.md) */
+        if (strcmp(sx, "0") == 0 || strcmp(sx, "1") == 0)
+            be->skinny_xpre = atoi(sx);
+        else
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_XPRE='%s' ignored: 1 or 0 is expected", sx);
+    }
     be->skinny_strict = 0;
     if (const char *st = getenv("BERTH_CUDA_SKINNY_STRICT")) /* a test switch (docs/config.md) */
         be->skinny_strict = strcmp(st, "1") == 0;

@@ -47,7 +47,9 @@
  * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
- * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
+ * BERTH_CUDA_SKINNY_XPRE 1 sends products with an x_pre norm above the range to the XH instances (x rounded by
+ * the norm: sk_shape); BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an
+ * error (tests).
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
@@ -237,7 +239,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     const int NO = halves ? BN / 2 : BN; /* outputs per block */
     const int n0 = (int)blockIdx.x * NO;
     const uint32_t base = sk_smem_addr(sk_smem);
-    /* stage s: w at base + s*STAGE, x f32 at + WBYTES, norm weight at + WBYTES + XBYTES; then xb, then ssp */
+    /* stage s: w at base + s*STAGE, x at + WBYTES (f32; XH: the rounded tile itself), norm weight at + WBYTES +
+     * XBYTES (not XH); then xb (not XH), then ssp */
     const uint32_t xb = base + S * C::STAGE;
     float *const ssp = reinterpret_cast<float *>(sk_smem + S * C::STAGE + C::XB);
 
@@ -261,8 +264,9 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
                 sk_cp16(ws + sk_swz(j * (THREADS / 8) + (t >> 3), wc), in ? wrow[j] + kt * (SK_BK * 2) : wrow[j],
                         in ? 16 : 0);
     };
-    /* x (and the norm weight) of k tile kt into stage s; rows past M are never loaded (the conversion writes
-     * zeros for them), columns past K are zero-filled. */
+    /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are never loaded (the conversion
+     * writes zeros for them; under XH they hold stale bytes, which reach only the B columns of rows never stored),
+     * columns past K are zero-filled. */
     auto load_x = [&](int kt, int s) {
         const uint32_t xs = base + s * C::STAGE + C::WBYTES;
         const int k0 = kt * SK_BK;
@@ -275,33 +279,33 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
                 if (m < Mb)
                     sk_cp16(xs + sk_swz(m, c), in ? row + k0 + c * 8 : row, in ? 16 : 0);
             }
-            return;
-        }
-        if (a.xvec) {
-            const int c4 = t & 15;
-            const bool in = k0 + c4 * 4 < a.K;
-#pragma unroll
-            for (int j = 0; j < C::XCH; j++) {
-                const int m = j * (THREADS / 16) + (t >> 4);
-                if (m < Mb)
-                    sk_cp16(xs + m * 256 + c4 * 16, in ? X[m] + k0 + c4 * 4 : X[m], in ? 16 : 0);
-            }
         } else {
-            const int kx = t & 63;
-            const bool in = k0 + kx < a.K;
+            if (a.xvec) {
+                const int c4 = t & 15;
+                const bool in = k0 + c4 * 4 < a.K;
+#pragma unroll
+                for (int j = 0; j < C::XCH; j++) {
+                    const int m = j * (THREADS / 16) + (t >> 4);
+                    if (m < Mb)
+                        sk_cp16(xs + m * 256 + c4 * 16, in ? X[m] + k0 + c4 * 4 : X[m], in ? 16 : 0);
+                }
+            } else {
+                const int kx = t & 63;
+                const bool in = k0 + kx < a.K;
 #pragma unroll 4
-            for (int j = 0; j < C::XEL; j++) {
-                const int m = j * (THREADS / 64) + (t >> 6);
-                if (m < Mb)
-                    sk_cp4(xs + m * 256 + kx * 4, in ? X[m] + k0 + kx : X[m], in ? 4 : 0);
+                for (int j = 0; j < C::XEL; j++) {
+                    const int m = j * (THREADS / 64) + (t >> 6);
+                    if (m < Mb)
+                        sk_cp4(xs + m * 256 + kx * 4, in ? X[m] + k0 + kx : X[m], in ? 4 : 0);
+                }
             }
-        }
-        if (a.gw) {
-            const int per = 16 / a.g_es; /* elements per 16-byte chunk */
-            if (t < SK_BK / per) {
-                const bool in = k0 + t * per < a.K;
-                const char *g = static_cast<const char *>(a.gw);
-                sk_cp16(xs + C::XBYTES + t * 16, in ? g + (int64_t)k0 * a.g_es + t * 16 : g, in ? 16 : 0);
+            if (a.gw) {
+                const int per = 16 / a.g_es; /* elements per 16-byte chunk */
+                if (t < SK_BK / per) {
+                    const bool in = k0 + t * per < a.K;
+                    const char *g = static_cast<const char *>(a.gw);
+                    sk_cp16(xs + C::XBYTES + t * 16, in ? g + (int64_t)k0 * a.g_es + t * 16 : g, in ? 16 : 0);
+                }
             }
         }
     };
@@ -779,10 +783,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
 
     sk_plan pl;
     if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, xpre, &pl))
-        return xpre ? BERTH_OK : sk_decline(be, M, N, K, "no tiling fits the device");
+        return sk_decline(be, M, N, K, "no tiling fits the device");
     while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xpre, &pl))
-            return xpre ? BERTH_OK : sk_decline(be, M, N, K, "no cluster size fits the device");
+            return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
     sk_args a;

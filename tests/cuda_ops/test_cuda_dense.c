@@ -1540,6 +1540,9 @@ static const struct xp_case xp_cases[] = {
     {32, 1536, 1536, F16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
     {72, 512, 1536, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.5f, -1, 0},
     {32, 1536, 256, BF16, BERTH_GLU_MUL, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
+    /* 33..64 rows (the skinny kernel's NT 8 instances when products with their norm take it) */
+    {48, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {64, 2048, 6144, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
     {1, 6144, 256, BF16, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
 };
 #define N_XP_CASES ((int)(sizeof xp_cases / sizeof xp_cases[0]))
