@@ -719,7 +719,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
      * groups: there cuBLAS's fixed cost (a pack, the GEMM, a GLU kernel) outweighs the weights (be->skinny_small) */
     const bool small = be->skinny_small && M > be->skinny_max_m &&
                        (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
-                       K * N * (int64_t)(wdt == BERTH_DTYPE_F32 ? 4 : 2) <= CU_SKINNY_SMALL_BYTES;
+                       K * N * 2 <= CU_SKINNY_SMALL_BYTES; /* bf16 / f16 weights (checked below) */
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
         (M > be->skinny_max_m && !small) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
         (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
