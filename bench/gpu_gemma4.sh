@@ -14,6 +14,8 @@
 #   ncu    (only when named in PARTS) Nsight Compute kernel times of a TTFT prefill and of 1/8/32-sequence decode
 #          steps, one line per forward pass in $OUT/ncu-*.txt, then the last pass per kernel (the CSVs, gzipped,
 #          beside them: tools/ncu_forwards.py NAME.csv N shows pass N)
+#   ktrace (only when named in PARTS) the in-graph kernel timeline of a decode step at 1 and 32 sequences
+#          (bench/ktrace.c through CUDA_INJECTION64_PATH; bench/ktrace_summary.py), $OUT/ktrace-c*.txt
 #   hf     bench/hf_gemma4_bench.py: TTFT(2048) at batch 1, then one process per batch size in $HF_BATCHES
 #   then   one table: metric | berth | transformers | ratio (berth / transformers) | floor
 #
@@ -226,6 +228,32 @@ if has ncu && has berth && [ "$berth_failed" = 0 ]; then
         say "ncu $name: $(head -n 1 "$out/ncu-$name.txt" | cut -c1-60) ... ($(grep -c '^forward' "$out/ncu-$name.txt") passes) -> $out/ncu-$name.txt"
     done
     timing ncu $(($(date +%s) - t))
+fi
+
+# ---- (d3) in-graph kernel timeline (PARTS includes "ktrace"; not in the default) ---------------------------------
+# bench/ktrace.c (CUPTI, loaded through CUDA_INJECTION64_PATH) records every kernel of the graphed decode steps at
+# 1 and 32 sequences with its real start and end (PDL overlap included, unlike ncu); bench/ktrace_summary.py prints
+# one step's busy and exposed time per kernel kind into $OUT/ktrace-c*.txt.
+if has ktrace && has berth && [ "$berth_failed" = 0 ]; then
+    t=$(date +%s)
+    case $build in /*) kt_lib=$build/bench/libberth_ktrace.so ;; *) kt_lib=$root/$build/bench/libberth_ktrace.so ;; esac
+    if [ -f "$kt_lib" ]; then
+        # the driver loads it by path; its libcupti is found through its runpath, else here
+        kt_cupti=$(dirname "$(find /usr/local/cuda* -name 'libcupti.so*' 2>/dev/null | head -n 1)" 2>/dev/null)
+        for c in 1 32; do
+            CUDA_INJECTION64_PATH=$kt_lib KTRACE_OUT=$work/ktrace-c$c.csv \
+                LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$kt_cupti" \
+                timeout "$berth_timeout" "$berth" bench --config "$config" --model "$ckpt" --concurrency "$c" \
+                --prompt-len "$plen" --gen-len "$glen" >"$work/ktrace-c$c.out" 2>&1 ||
+                say "ktrace c=$c: exit $? (see $work/ktrace-c$c.out)"
+            "$py" bench/ktrace_summary.py "$work/ktrace-c$c.csv" --top 40 >"$out/ktrace-c$c.txt" 2>&1
+            gzip -c "$work/ktrace-c$c.csv" >"$out/ktrace-c$c.csv.gz" 2>/dev/null
+            say "ktrace c=$c: $(head -n 1 "$out/ktrace-c$c.txt" | cut -c1-100) -> $out/ktrace-c$c.txt"
+        done
+    else
+        say "ktrace: $kt_lib not built (CUPTI not found at configure time)"
+    fi
+    timing ktrace $(($(date +%s) - t))
 fi
 
 # ---- (e) transformers -----------------------------------------------------------------------------------------

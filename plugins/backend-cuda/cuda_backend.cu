@@ -52,6 +52,18 @@ static void cuda_log(const berth_host *host, int32_t level, const char *fmt, ...
         host->log(host->ctx, level, msg);
 }
 
+/* A 0/1 switch from the environment: unset or empty gives dflt; another value is ignored with a warning. */
+static int env_flag(const berth_host *host, const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)
+        return v[0] - '0';
+    cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: 0 or 1 is expected", name, v);
+    return dflt;
+}
+
 /* Errors after which the CUDA context is unusable (the runtime reports them for every later call). */
 static int cuda_error_is_sticky(cudaError_t e)
 {
@@ -353,20 +365,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     }
     /* On by default: E2B decode on the H200 +4.3% at batch 1, +2% at 8 and 32 (session 5). Its assumption about
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */
-    be->att_prewait = 1;
-    if (const char *pw = getenv("BERTH_CUDA_ATT_PREWAIT")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(pw, "0") == 0)
-            be->att_prewait = 0;
-        else if (strcmp(pw, "1") != 0 && *pw != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_PREWAIT='%s' ignored: 0 or 1 is expected", pw);
-    }
-    be->att_strict = 0;
-    if (const char *as = getenv("BERTH_CUDA_ATT_STRICT")) { /* a test switch (docs/config.md) */
-        if (strcmp(as, "1") == 0)
-            be->att_strict = 1;
-        else if (strcmp(as, "0") != 0 && *as != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_STRICT='%s' ignored: 0 or 1 is expected", as);
-    }
+    be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1); /* a measurement switch (docs/config.md) */
+    be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);   /* a test switch (docs/config.md) */
     be->gemv_mode = CU_GEMV_NEW;
     if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
         if (strcmp(gv, "old") == 0)
@@ -397,23 +397,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
                      "expected", sx);
     }
-    be->skinny_small = 1;
-    if (const char *ss = getenv("BERTH_CUDA_SKINNY_SMALL")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(ss, "0") == 0 || strcmp(ss, "1") == 0)
-            be->skinny_small = atoi(ss);
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_SMALL='%s' ignored: 1 or 0 is expected", ss);
-    }
-    be->skinny_xpre = 0;
-    if (const char *sx = getenv("BERTH_CUDA_SKINNY_XPRE")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(sx, "0") == 0 || strcmp(sx, "1") == 0)
-            be->skinny_xpre = atoi(sx);
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_XPRE='%s' ignored: 1 or 0 is expected", sx);
-    }
-    be->skinny_strict = 0;
-    if (const char *st = getenv("BERTH_CUDA_SKINNY_STRICT")) /* a test switch (docs/config.md) */
-        be->skinny_strict = strcmp(st, "1") == 0;
+    be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);   /* a measurement switch (docs/config.md) */
+    be->skinny_xpre = env_flag(host, "BERTH_CUDA_SKINNY_XPRE", 0);     /* a measurement switch (docs/config.md) */
+    be->skinny_strict = env_flag(host, "BERTH_CUDA_SKINNY_STRICT", 0); /* a test switch (docs/config.md) */
     be->skinny_mg = 0;
     if (const char *mg = getenv("BERTH_CUDA_SKINNY_MG")) { /* a measurement switch (docs/config.md) */
         if (strcmp(mg, "0") == 0 || strcmp(mg, "8") == 0 || strcmp(mg, "16") == 0 || strcmp(mg, "32") == 0)

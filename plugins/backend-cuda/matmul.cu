@@ -1044,9 +1044,10 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
     berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran, pre);
     if (st != BERTH_OK || ran)
         return st;
-    if (M <= MM_GEMV_MAX_M && pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
-        return st;
-    if (M <= MM_GEMV_MAX_M)
+    if (M <= MM_GEMV_MAX_M) {
+        if (pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
+            return st;
         return mm_gemv(be, s, p, M, N, K, yn_done, xp);
+    }
     return mm_blas(be, s, p, M, N, K, pre);
 }

@@ -753,7 +753,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
      * groups: there cuBLAS's fixed cost (a pack, the GEMM, a GLU kernel) outweighs the weights (be->skinny_small) */
     const bool small = be->skinny_small && M > be->skinny_max_m &&
                        (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
-                       K * N * (int64_t)(wdt == BERTH_DTYPE_F32 ? 4 : 2) <= CU_SKINNY_SMALL_BYTES;
+                       K * N * 2 <= CU_SKINNY_SMALL_BYTES; /* bf16 / f16 weights (checked below) */
     /* a product with its norm (x_pre) above skinny_max_m rows (be->skinny_xpre, BERTH_CUDA_SKINNY_XPRE=1): the norm
      * writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
     const int64_t ldxh = (K + 7) / 8 * 8;

@@ -572,6 +572,21 @@ static int nm_vec_wdt(const berth_rms_norm_params *p, const nm_rms_args &a)
     return p->w.dtype == BERTH_DTYPE_BF16 || p->w.dtype == BERTH_DTYPE_F16 ? p->w.dtype : BERTH_DTYPE_F32;
 }
 
+/* The fast kernel for p's rows (nm_vec_wdt picks the weight instance); false when its rows do not suit it (nothing
+ * launched, *e untouched). PK: with the packed copy (a.xb). */
+template <bool PK>
+static bool nm_rms_vec_run(berth_backend *be, cudaStream_t cs, const berth_rms_norm_params *p, const nm_rms_args &a,
+                           cudaError_t *e)
+{
+    switch (nm_vec_wdt(p, a)) {
+    case NM_WNONE: *e = nm_rms_vec_launch<NM_WNONE, PK>(be, cs, a); return true;
+    case BERTH_DTYPE_BF16: *e = nm_rms_vec_launch<BERTH_DTYPE_BF16, PK>(be, cs, a); return true;
+    case BERTH_DTYPE_F16: *e = nm_rms_vec_launch<BERTH_DTYPE_F16, PK>(be, cs, a); return true;
+    case BERTH_DTYPE_F32: *e = nm_rms_vec_launch<BERTH_DTYPE_F32, PK>(be, cs, a); return true;
+    default: return false;
+    }
+}
+
 berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p)
 {
     CU_OP_BEGIN(be, rms_norm, p);
@@ -603,19 +618,12 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
     }
 
     cudaError_t e;
-    switch (nm_vec_wdt(p, a)) {
-    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE>(be, s->cs, a); break;
-    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16>(be, s->cs, a); break;
-    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16>(be, s->cs, a); break;
-    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32>(be, s->cs, a); break;
-    default: {
+    if (!nm_rms_vec_run<false>(be, s->cs, p, a, &e)) {
         const nm_launch l = nm_shape(n, rows);
         if (l.warp)
             e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<true>, a);
         else
             e = cu_launch(be, s->cs, dim3(l.grid), dim3(l.threads), 0, nm_rms_kernel<false>, a);
-        break;
-    }
     }
     return cu_check(be, e, "rms_norm kernel");
 }
@@ -639,22 +647,15 @@ berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_
 {
     *done = false;
     CU_OP_BEGIN(be, rms_norm, p);
-    const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
-    if (n == 0 || rows == 0 || opck_rms_rope_pairs(p) > 0 || (be->skip & CU_SKIP_NORM) || ldb % 4 != 0 ||
-        ldb < n || (uintptr_t)xb % 16 != 0 || (bdt != BERTH_DTYPE_BF16 && bdt != BERTH_DTYPE_F16))
+    if ((uintptr_t)xb % 16 != 0 || !cu_rms_norm_packable(be, p, ldb, bdt))
         return BERTH_OK;
     nm_rms_args a = nm_rms_args_of(p);
     a.xb = xb;
     a.ldb = ldb;
     a.bdt = bdt;
     cudaError_t e;
-    switch (nm_vec_wdt(p, a)) {
-    case NM_WNONE: e = nm_rms_vec_launch<NM_WNONE, true>(be, s->cs, a); break;
-    case BERTH_DTYPE_BF16: e = nm_rms_vec_launch<BERTH_DTYPE_BF16, true>(be, s->cs, a); break;
-    case BERTH_DTYPE_F16: e = nm_rms_vec_launch<BERTH_DTYPE_F16, true>(be, s->cs, a); break;
-    case BERTH_DTYPE_F32: e = nm_rms_vec_launch<BERTH_DTYPE_F32, true>(be, s->cs, a); break;
-    default: return BERTH_OK; /* the general kernels carry no packed copy */
-    }
+    if (!nm_rms_vec_run<true>(be, s->cs, p, a, &e))
+        return BERTH_OK; /* the general kernels carry no packed copy */
     const berth_status st = cu_check(be, e, "rms_norm kernel (with the packed product input)");
     *done = st == BERTH_OK;
     return st;
