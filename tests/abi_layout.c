@@ -188,7 +188,7 @@ _Static_assert(offsetof(berth_kv_append_params, v_norm) == 384, "berth_kv_append
 _Static_assert(offsetof(berth_kv_append_params, positions) == 472, "berth_kv_append_params.positions moved");
 _Static_assert(offsetof(berth_kv_append_params, rope_freqs) == 560, "berth_kv_append_params.rope_freqs moved");
 _Static_assert(offsetof(berth_kv_append_params, kv) == 648, "berth_kv_append_params.kv moved");
-_Static_assert(sizeof(berth_attention_params) == 752, "berth_attention_params size changed");
+_Static_assert(sizeof(berth_attention_params) == 744, "berth_attention_params size changed");
 _Static_assert(offsetof(berth_attention_params, struct_size) == 0, "berth_attention_params.struct_size moved");
 _Static_assert(offsetof(berth_attention_params, mask) == 4, "berth_attention_params.mask moved");
 _Static_assert(offsetof(berth_attention_params, window) == 8, "berth_attention_params.window moved");
@@ -205,7 +205,6 @@ _Static_assert(offsetof(berth_attention_params, seq_q_start) == 384, "berth_atte
 _Static_assert(offsetof(berth_attention_params, seq_kv_len) == 472, "berth_attention_params.seq_kv_len moved");
 _Static_assert(offsetof(berth_attention_params, block_table) == 560, "berth_attention_params.block_table moved");
 _Static_assert(offsetof(berth_attention_params, kv) == 648, "berth_attention_params.kv moved");
-_Static_assert(offsetof(berth_attention_params, q_pre) == 744, "berth_attention_params.q_pre moved");
 _Static_assert(sizeof(berth_conv1d_causal_params) == 632, "berth_conv1d_causal_params size changed");
 _Static_assert(offsetof(berth_conv1d_causal_params, struct_size) == 0, "berth_conv1d_causal_params.struct_size moved");
 _Static_assert(offsetof(berth_conv1d_causal_params, act) == 4, "berth_conv1d_causal_params.act moved");

@@ -368,98 +368,11 @@ START_TEST(test_attention_bad_metadata)
 }
 END_TEST
 
-
-/* attention with q_pre (ABI 0.5) is exactly rms_norm (q-norm + RoPE) then attention: the same output bits as the two
- * ops, whether the norm writes q in place (x = y) or reads another tensor; a call the checks refuse changes nothing.
- * A prefill chunk and a decode row, head dim 32 with half the pairs rotated (Gemma 4's full layers in small). */
-START_TEST(test_attention_q_pre)
-{
-    const int32_t hd = 32, H = 4, HKV = 2, BS = 4, T = 4;
-    struct pool pl = pool_new(BERTH_DTYPE_BF16, 8, BS, HKV, hd, hd);
-    struct tt raw = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 1), q1 = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 1);
-    struct tt q2 = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 1), qx = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 0);
-    struct tt w = tt_new(BERTH_DTYPE_BF16, hd, 1, 1, 1, 0), fr = tt_new(BERTH_DTYPE_F32, hd / 4, 1, 1, 1, 0);
-    struct tt o1 = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 0), o2 = tt_new(BERTH_DTYPE_F32, hd, H, T, 1, 0);
-    trand(&raw.t, -2, 2);
-    trand(&w.t, -1, 1);
-    for (int i = 0; i < hd / 4; i++)
-        tset(&fr.t, i, 0, 0, 0, pow(1e4, -2.0 * i / hd));
-    const int32_t posv[4] = {3, 4, 5, 9}, qsv[3] = {0, 3, 4}, klv[2] = {6, 10}, btv[6] = {2, 5, -7, 7, 0, 1};
-    struct tt pos = ivec(posv, T), sqs = ivec(qsv, 3), skl = ivec(klv, 2), bt = ivec(btv, 6);
-    bt.t.ne[0] = 3;
-    bt.t.ne[1] = 2;
-    bt.t.nb[1] = 12;
-    bt.t.nb[2] = bt.t.nb[3] = 24;
-    FOR_EACH(&raw.t, i0, i1, i2, i3) {
-        tset(&q1.t, i0, i1, i2, i3, tget(&raw.t, i0, i1, i2, i3));
-        tset(&q2.t, i0, i1, i2, i3, tget(&raw.t, i0, i1, i2, i3));
-        tset(&qx.t, i0, i1, i2, i3, tget(&raw.t, i0, i1, i2, i3));
-    }
-    berth_rms_norm_params n = {.struct_size = sizeof n, .weight_mode = BERTH_NORM_W, .eps = 1e-6f, .x = q1.t,
-                               .w = w.t, .residual = absent, .y = q1.t, .rope_mode = BERTH_ROPE_HALF,
-                               .rope_pair_offset = hd / 2, .rope_n_pairs = hd / 4, .rope_positions = pos.t,
-                               .rope_freqs = fr.t, .y2_w = absent, .y2 = absent};
-    berth_attention_params p = {.struct_size = sizeof p, .mask = BERTH_MASK_CAUSAL, .window = 5, .scale = 1.0f,
-                                .n_seqs = 2, .max_q_len = 3, .max_kv_len = 10, .q = q1.t, .out = o1.t,
-                                .gate = absent, .positions = pos.t, .seq_q_start = sqs.t, .seq_kv_len = skl.t,
-                                .block_table = bt.t, .kv = pl.kv};
-    /* the reference: the two ops */
-    CHECK(ops->rms_norm(be, st, &n) == BERTH_OK, "%s", g_last_error);
-    CHECK(ops->attention(be, st, &p) == BERTH_OK, "%s", g_last_error);
-    /* in place: x = y = q */
-    n.x = n.y = q2.t;
-    p.q = q2.t;
-    p.out = o2.t;
-    p.q_pre = &n;
-    ck_assert_int_eq(vt->supports(be, BERTH_OP_ATTENTION, &p), BERTH_OK);
-    CHECK(ops->attention(be, st, &p) == BERTH_OK, "%s", g_last_error);
-    ck_assert_mem_eq(o2.host, o1.host, o1.bytes);
-    /* from another tensor: y = q is scratch */
-    tpoison(&o2.t);
-    tpoison(&q2.t);
-    n.x = qx.t;
-    CHECK(ops->attention(be, st, &p) == BERTH_OK, "%s", g_last_error);
-    ck_assert_mem_eq(o2.host, o1.host, o1.bytes);
-
-    /* refused before anything is written */
-    tpoison(&o2.t);
-    tsnap(&q2);
-    n.x = n.y = q2.t;
-    p.q = raw.t;
-    expect_error(ops->attention(be, st, &p), BERTH_E_INVALID,
-                 "attention: q must be q_pre's y (same buffer, offset, dtype, shape and strides)");
-    p.q = q2.t;
-    n.resid_mode = BERTH_RESID_ADD_AFTER;
-    n.residual = qx.t;
-    n.rope_n_pairs = 0;
-    expect_error(ops->attention(be, st, &p), BERTH_E_UNSUPPORTED, "attention: q_pre needs resid_mode NONE, got 1");
-    n.resid_mode = BERTH_RESID_NONE;
-    n.out_scale = 2.0f;
-    expect_error(ops->attention(be, st, &p), BERTH_E_UNSUPPORTED, "attention: q_pre cannot scale its output (out_scale 2)");
-    n.out_scale = 0.0f;
-    n.rope_n_pairs = hd / 4;
-    n.w.ne[0] = hd - 1;
-    expect_error(ops->attention(be, st, &p), BERTH_E_INVALID,
-                 "attention: q_pre: rms_norm: w must be ne {32}, got {31, 1, 1, 1}");
-    ck_assert_int_eq(vt->supports(be, BERTH_OP_ATTENTION, &p), BERTH_E_UNSUPPORTED); /* supports() answers UNSUPPORTED */
-    tcheck_outside(&q2, &absent, "q of a refused attention");
-    double *o = tload(&o2.t);
-    for (int64_t i = 0; i < hd * H * T; i++)
-        ck_assert_msg(isnan(o[i]), "a refused attention wrote out[%lld]", (long long)i);
-    free(o);
-    tt_free(&pl.mem);
-    struct tt *all[] = {&raw, &q1, &q2, &qx, &w, &fr, &o1, &o2, &pos, &sqs, &skl, &bt};
-    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
-        tt_free(all[i]);
-}
-END_TEST
-
 static void add_tests(TCase *tc)
 {
     tcase_add_test(tc, test_kv_append);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_bad_metadata);
-    tcase_add_test(tc, test_attention_q_pre);
 }
 
 int main(void)

@@ -356,18 +356,6 @@ typedef struct berth_attention_params {
     int32_t max_kv_len;
     berth_tensor q, out, gate, positions, seq_q_start, seq_kv_len, block_table;
     berth_kv_view kv;
-    /* A norm of q before the attention (ABI 0.5, appended; a caller relies on it, so 0.4 plugins are not
-     * accepted): when struct_size covers q_pre and q_pre is not NULL, the op is the rms_norm *q_pre (with its RoPE
-     * when rope_n_pairs > 0) followed by this attention, whose q is *q_pre's y: q must be exactly that y (same
-     * buffer, offset, dtype, shape and strides). q_pre's x is q's rows before the norm, y itself (in place) or
-     * another tensor of q's shape. Unlike matmul's x_pre, the normalised rows need not be stored: after the op y
-     * holds either them or what it held before, so the caller must not read it (a backend that folds the norm
-     * into the attention kernel reads x and leaves y alone; one that does not runs the norm, then the attention).
-     * One op instead of two: q-norm + RoPE (Gemma 4, Qwen3.5's gated attention) without a launch of its own. The
-     * norm obeys every rms_norm rule (its own struct_size) with resid_mode NONE, out_scale 0 or 1 and no y2. The
-     * caller keeps *q_pre alive for the call. Default (older caller or NULL): no norm, q as given. */
-    const struct berth_rms_norm_params *q_pre;
-    /* ABI 0.5: fields above. Append below only. */
 } berth_attention_params;
 
 /* ---------------------------------------------------------------------------------------------------------------

@@ -61,14 +61,13 @@ extern "C" {
 #endif
 
 #define BERTH_ABI_MAJOR 0
-#define BERTH_ABI_MINOR 5
+#define BERTH_ABI_MINOR 4
 /* Oldest minor the host accepts within this major. While the ABI is 0.x a minor may break layouts or add a field a
  * caller relies on; the minimum is the oldest minor still compatible. 0.4 added berth_matmul_params.x_pre, which
- * Gemma 4 sends for every post-norm, and 0.5 berth_attention_params.q_pre, which it sends for every q-norm: a
- * backend built for an older minor would ignore them (struct_size only bridges fields a callee may leave at their
- * default) and silently skip the norm, so 0.4 plugins must be rebuilt. From 1.0 on it is 0 (any minor is bridged
- * by struct_size). */
-#define BERTH_ABI_MINOR_MIN 5
+ * Gemma 4 sends for every post-norm: a backend built for 0.3 would ignore it (struct_size only bridges fields a
+ * callee may leave at their default) and silently skip the norm, so 0.3 plugins must be rebuilt. From 1.0 on it is
+ * 0 (any minor is bridged by struct_size). */
+#define BERTH_ABI_MINOR_MIN 4
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
 /* Size of a struct up to and including `field` (ignores tail padding, which is not part of the ABI). */

@@ -148,17 +148,6 @@ static void attn_task(void *arg, int tid, int nth)
 
 berth_status cpu_op_attention(berth_backend *be, berth_stream *s, const berth_attention_params *p)
 {
-    /* the norm of q (q_pre) is the rms_norm op writing q, then the attention: bit for bit the two-op sequence. The
-     * whole op is checked first, so that a bad attention call leaves q unwritten. */
-    const berth_rms_norm_params *pre = p ? opck_attention_q_pre(p) : NULL;
-    if (pre) {
-        struct opck ck = {.exec = 1, .be = &be->ck};
-        if (!opck_attention(&ck, p))
-            return cpu_report(be, &ck);
-        const berth_status nst = cpu_op_rms_norm(be, s, pre);
-        if (nst != BERTH_OK)
-            return nst;
-    }
     CPU_OP_BEGIN(be, attention, p);
     const berth_kv_view *kv = &p->kv;
     const int64_t T = p->q.ne[2], H = p->q.ne[1];

@@ -46,8 +46,7 @@
 berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
 /* attention_decode.cu: the one-launch cluster decode kernel (*ran false: not covered or BERTH_CUDA_ATT_DECODE=old,
  * nothing enqueued; then the split-K kernel and combine below run). */
-berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
-                                      const berth_rms_norm_params *qp, bool *ran);
+berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
 /* attention_decode_mma.cu: the tensor-core decode kernel (BF16 compute mode, bf16/f16 cache; *ran false: not
  * covered, nothing enqueued). */
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
@@ -1442,9 +1441,6 @@ bool cu_check_attention(const berth_backend *be, struct opck *c, const berth_att
         return false;
     const berth_kv_view *kv = &p->kv;
     const int64_t H = p->q.ne[1];
-    const berth_rms_norm_params *qp = opck_attention_q_pre(p);
-    if (qp && !cu_check_rms_norm(be, c, qp))
-        return opck_prefix(c, "attention: q_pre: ");
     /* be->ck limits normally make opck reject these first; the guards only speak if it did not. */
     if (kv->head_dim > CU_MAX_HEAD_DIM || kv->head_dim_v > CU_MAX_HEAD_DIM)
         return opck_fail(c, BERTH_E_UNSUPPORTED,
@@ -1730,14 +1726,6 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
         return cu_fail(be->host, BERTH_E_INVALID, "attention: %" PRId64 " query rows but no sequence", T);
     if (T == 0 || H == 0)
         return BERTH_OK;
-    /* q_pre, the norm of q: the cluster decode kernel may apply it itself (it is handed the norm and launches it
-     * first when it cannot); every other path runs it as an rms_norm first (norm_q) */
-    const berth_rms_norm_params *qp = opck_attention_q_pre(p);
-    auto norm_q = [&]() -> berth_status {
-        const berth_rms_norm_params *n = qp;
-        qp = nullptr;
-        return n ? cu_op_rms_norm(be, s, n) : BERTH_OK;
-    };
     const bool gate = p->gate.buf != nullptr;
     attn_args a = {};
     cu_attn_args_fill(a, p);
@@ -1759,24 +1747,18 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
          * kernel otherwise; =mma puts the tensor-core kernel first, =new/c8 skip it, =old keeps the split kernel. */
         bool dec_ran = false;
         berth_status dst = BERTH_OK;
-        if (be->att_decode == CU_ATT_DECODE_MMA &&
-            ((dst = norm_q()) != BERTH_OK || (dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
-             dec_ran))
+        if (be->att_decode == CU_ATT_DECODE_MMA && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
+                                                    dec_ran))
             return dst;
         if (be->att_decode == CU_ATT_DECODE_AUTO && (dst = cu_attention_decode_mma_reserve(be, s, p)) != BERTH_OK)
             return dst;
-        if ((dst = cu_attention_decode_fast(be, s, p, qp, &dec_ran)) != BERTH_OK || dec_ran)
-            return dst;
-        if ((dst = norm_q()) != BERTH_OK)
+        if ((dst = cu_attention_decode_fast(be, s, p, &dec_ran)) != BERTH_OK || dec_ran)
             return dst;
         if (be->att_decode == CU_ATT_DECODE_AUTO && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
                                                      dec_ran))
             return dst;
         return att_run_decode(be, s, p, a);
     }
-    const berth_status nst = norm_q();
-    if (nst != BERTH_OK)
-        return nst;
     bool ran = false;
     const berth_status pst = cu_attention_prefill_fast(be, s, p, &ran);
     if (pst != BERTH_OK || ran)

@@ -62,7 +62,6 @@
 #include "cuda_launch.cuh"
 #include "cuda_mma.cuh"
 #include "attention_decode_util.cuh"
-#include "norm_args.cuh"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -70,7 +69,7 @@
 
 /* The entry point attention.cu's decode dispatch calls (declared there too). */
 berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
-                                      const berth_rms_norm_params *qp, bool *ran);
+                                      bool *ran);
 
 #define ADC_MAX_KEYS 1024       /* visible keys per sequence above which the split kernel serves the call */
 #define ADC_MAX_WORK_KEYS 8192  /* sequences x visible keys above which it does too */
@@ -121,17 +120,6 @@ struct adc_args {
     int32_t bt_n;       /* block-table entries preloaded: min(bt_width, ADC_BT_MAX) */
     uint32_t region;    /* bytes of a warp's region of dynamic shared memory (ring, then its partial) */
     uint32_t bt_off, recv_off; /* byte offsets of the table and of the cluster partials */
-    /* q_pre folded in (qn = 1; "q-norm + RoPE in the kernel" below): q above is the norm's x */
-    int32_t qn;
-    int32_t qn_wmode, qn_wdt; /* weight mode (BERTH_NORM_*) and the weight's dtype */
-    const char *qn_w;         /* nullptr without a weight */
-    float qn_eps;
-    int32_t qn_pairs;         /* rotated pairs (0: no RoPE) */
-    int32_t qn_half;          /* BERTH_ROPE_HALF (pairs j, j + off) rather than interleaved (2j, 2j + 1) */
-    int32_t qn_off;           /* HALF: the pair offset */
-    int32_t qn_m;             /* HALF: the pair offset in copy chunks (a power of two) */
-    const float *qn_freqs;
-    int32_t qn_early;         /* the weight and the frequencies may be read before the PDL wait (weights buffers) */
 };
 
 template <int NR>
@@ -271,100 +259,6 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// q-norm + RoPE in the kernel (q_pre, berth/backend.h ATTENTION; Gemma 4's q_norm): each warp holds whole heads of q
-// (lane L, chunk c: elements (c * 32 + L) * CE + e), so it normalises them with a warp reduction and rotates them
-// with one shuffle (HALF mode, pair offset below 32 chunks: the partner sits in lane L ^ m, where m = offset / CE is
-// a power of two: a first element's chunk index is below m, its partner's is that index + m = index ^ m) or a
-// register select (offset of 32 chunks or more: chunk c ^ m / 32 of the same lane; interleaved pairs: the next
-// element of the chunk). Same formulas and order as norm.cu's rms+RoPE kernel: (x * (1 / sqrt(mean + eps))) * w,
-// angle (float)pos * freq with sincosf, x0 * cos - x1 * sin and x1 * cos + x0 * sin. The rows are never stored:
-// the caller may not read q_pre's y after the op (backend.h).
-
-/* The lane's weight factors and frequencies (pair index of each element, -1 when it rotates with none). */
-template <int E, int CE, int NC>
-__device__ __forceinline__ void adc_qn_load(const adc_args &a, int lane, float wf[E], float fr[E])
-{
-#pragma unroll
-    for (int c = 0; c < NC; c++)
-#pragma unroll
-        for (int e = 0; e < CE; e++) {
-            const int d = (c * 32 + lane) * CE + e;
-            wf[c * CE + e] = d < a.D ? nm_factor(a.qn_w, a.qn_wdt, a.qn_wmode, d) : 0.0f;
-            int j = -1;
-            if (a.qn_half)
-                j = d < a.qn_pairs ? d : d >= a.qn_off && d - a.qn_off < a.qn_pairs ? d - a.qn_off : -1;
-            else
-                j = d < 2 * a.qn_pairs ? d >> 1 : -1;
-            fr[c * CE + e] = j >= 0 ? a.qn_freqs[j] : 0.0f;
-        }
-}
-
-/* Normalise, weight and rotate q of the NRW heads in place (every lane of the warp; pos: the row's position). */
-template <int E, int NRW, int CE, int NC>
-__device__ __forceinline__ void adc_qn_apply(const adc_args &a, int lane, float pos, const float wf[E],
-                                             const float fr[E], float q[NRW][E])
-{
-    float sn[E], cs[E];
-#pragma unroll
-    for (int i = 0; i < E; i++)
-        sincosf(pos * fr[i], &sn[i], &cs[i]);
-#pragma unroll
-    for (int r = 0; r < NRW; r++) {
-        float ss = 0.0f;
-#pragma unroll
-        for (int i = 0; i < E; i++)
-            ss = fmaf(q[r][i], q[r][i], ss);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        const float inv = 1.0f / sqrtf(ss / (float)a.D + a.qn_eps);
-#pragma unroll
-        for (int i = 0; i < E; i++)
-            q[r][i] = q[r][i] * inv * wf[i];
-        if (a.qn_pairs <= 0)
-            continue;
-        float pt[E]; /* each element's partner */
-        if (!a.qn_half) {
-#pragma unroll
-            for (int i = 0; i < E; i++)
-                pt[i] = q[r][i ^ 1];
-        } else if (a.qn_m < 32) {
-#pragma unroll
-            for (int i = 0; i < E; i++)
-                pt[i] = __shfl_xor_sync(0xffffffffu, q[r][i], a.qn_m);
-        } else {
-            const int mc = a.qn_m >> 5;
-#pragma unroll
-            for (int c = 0; c < NC; c++)
-#pragma unroll
-                for (int e = 0; e < CE; e++) {
-                    float v = 0.0f;
-#pragma unroll
-                    for (int c2 = 0; c2 < NC; c2++)
-                        v = c2 == (c ^ mc) ? q[r][c2 * CE + e] : v;
-                    pt[c * CE + e] = v;
-                }
-        }
-#pragma unroll
-        for (int c = 0; c < NC; c++)
-#pragma unroll
-            for (int e = 0; e < CE; e++) {
-                const int i = c * CE + e, d = (c * 32 + lane) * CE + e;
-                bool in, first;
-                if (a.qn_half) {
-                    first = d < a.qn_pairs;
-                    in = first || (d >= a.qn_off && d - a.qn_off < a.qn_pairs);
-                } else {
-                    first = (d & 1) == 0;
-                    in = d < 2 * a.qn_pairs;
-                }
-                if (in)
-                    q[r][i] = first ? q[r][i] * cs[i] - pt[i] * sn[i] : q[r][i] * cs[i] + pt[i] * sn[i];
-            }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: cs * hg * n_kv_heads * n_seqs blocks in one dimension, cluster rank fastest, then head group,
 // KV head, sequence; clusters of cs blocks (none when cs == 1). Launched with PDL (trigger, then wait before
 // touching memory, as cuda_launch.cuh requires).
@@ -394,9 +288,6 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     if (clu)
         adc_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
     bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
-    float qn_wf[E], qn_fr[E]; /* q_pre's weight factors and frequencies of the lane's elements */
-    if (a.qn && a.qn_early)
-        adc_qn_load<E, CE, NC>(a, threadIdx.x & 31, qn_wf, qn_fr);
     if (waited)
         cu_pdl_wait();
 
@@ -432,17 +323,8 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     const int nrv = NRW < a.n_rep - hg * NRW ? NRW : a.n_rep - hg * NRW; /* real heads of this group */
     const int h0 = g * a.n_rep + hg * NRW;                                /* its first query head */
     float q[NRW][E];
-    /* q of row t at position pos (after the PDL wait), normalised and rotated when q_pre is folded in */
-    auto load_q = [&](int64_t t, int32_t pos) {
-        adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
-        if (a.qn) {
-            if (!a.qn_early)
-                adc_qn_load<E, CE, NC>(a, lane, qn_wf, qn_fr);
-            adc_qn_apply<E, NRW, CE, NC>(a, lane, (float)pos, qn_wf, qn_fr, q);
-        }
-    };
     if (waited)
-        load_q(seq, pos_seq);
+        adc_load_q<E, NRW, CE, NC>(a, seq, h0, nrv, lane, q);
     __syncthreads(); /* bt_s */
     if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of the cluster */
         if (!waited)
@@ -481,7 +363,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     for (int32_t t = q0; t < q1; t++) {
         const int32_t pos = t == seq ? pos_seq : a.positions[t];
         if (waited && t != seq)
-            load_q(t, pos);
+            adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
         int32_t lo, hi;
         cu_attn_row_range(a.mask, a.window, pos, kv_len, &lo, &hi);
         const uint32_t len = (uint32_t)(hi - lo);
@@ -551,7 +433,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         if (!waited) { /* the first row: its older keys are in flight; now what the previous kernel wrote */
             cu_pdl_wait();
             waited = true;
-            load_q(t, pos);
+            adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
             if (__any_sync(0xffffffffu, defer != 0)) {
                 for (int32_t b = 0; b < issued; b++)
                     issue(b, b, true);
@@ -1060,52 +942,7 @@ static berth_status adc_decline(berth_backend *be, const char *fmt, ...)
                    why);
 }
 
-/* Fold the norm of q (q_pre) into the kernel's arguments when the kernel can apply it (see "q-norm + RoPE in the
- * kernel"): f32 rows, RoPE absent or rotating at the attention's own positions, HALF pairs whose offset is a
- * power-of-two number of copy chunks (ce elements) or interleaved pairs. False: the caller runs the norm first. */
-static bool adc_qn_fold(const berth_backend *be, const berth_attention_params *p, const berth_rms_norm_params *qp,
-                        int ce, adc_args &a)
-{
-    if (!be->att_qn_fold || qp->x.dtype != BERTH_DTYPE_F32 || qp->y.dtype != BERTH_DTYPE_F32)
-        return false;
-    const int32_t pairs = opck_rms_rope_pairs(qp);
-    int32_t m = 0;
-    if (pairs > 0) {
-        if (!opck_same_view(&qp->rope_positions, &p->positions))
-            return false;
-        if (qp->rope_mode == BERTH_ROPE_HALF) {
-            const int32_t off = qp->rope_pair_offset;
-            if (off <= 0 || off % ce != 0)
-                return false;
-            m = off / ce;
-            if ((m & (m - 1)) != 0 || (m >= 32 && m % 32 != 0))
-                return false;
-        } else if (ce % 2 != 0) {
-            return false;
-        }
-    }
-    const bool wtd = opck_norm_has_weight(qp->weight_mode);
-    a.q = cu_ptr(&qp->x);
-    a.q_nb1 = qp->x.nb[1];
-    a.q_nb2 = qp->x.nb[2];
-    a.q_vec = (((uintptr_t)a.q | (uint64_t)qp->x.nb[1] | (uint64_t)qp->x.nb[2]) & 15u) == 0;
-    a.qn = 1;
-    a.qn_wmode = wtd ? qp->weight_mode : BERTH_NORM_W_NONE;
-    a.qn_wdt = wtd ? qp->w.dtype : BERTH_DTYPE_F32;
-    a.qn_w = wtd ? cu_ptr(&qp->w) : nullptr;
-    a.qn_eps = qp->eps;
-    a.qn_pairs = pairs;
-    a.qn_half = qp->rope_mode == BERTH_ROPE_HALF;
-    a.qn_off = pairs > 0 && a.qn_half ? qp->rope_pair_offset : 0;
-    a.qn_m = m;
-    a.qn_freqs = pairs > 0 ? (const float *)cu_ptr(&qp->rope_freqs) : nullptr;
-    a.qn_early = (!wtd || qp->w.buf->usage == BERTH_USAGE_WEIGHTS) &&
-                 (pairs == 0 || qp->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS);
-    return true;
-}
-
-berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
-                                      const berth_rms_norm_params *qp, bool *ran)
+berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
 {
     *ran = false;
     if (be->att_decode == CU_ATT_DECODE_OLD)
@@ -1201,18 +1038,6 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.region = (uint32_t)pl.region;
     a.bt_off = (uint32_t)pl.bt_off;
     a.recv_off = (uint32_t)pl.recv_off;
-    /* q_pre: folded into the kernel, else its own launch first (the caller left it to this path) */
-    if (qp) {
-        const int ce = kv->dtype == BERTH_DTYPE_F32 ? (pl.E < 4 ? pl.E : 4) : (pl.E < 8 ? pl.E : 8);
-        const bool folded = adc_qn_fold(be, p, qp, ce, a);
-        if (!folded && be->att_qn_fold &&
-            (st = adc_decline(be, "q_pre not foldable: x %s, RoPE mode %d, offset %d, %d pairs, %d-element chunks",
-                              opck_dtype_name(qp->x.dtype), qp->rope_mode, qp->rope_pair_offset,
-                              opck_rms_rope_pairs(qp), ce)) != BERTH_OK)
-            return st;
-        if (!folded && (st = cu_op_rms_norm(be, s, qp)) != BERTH_OK)
-            return st;
-    }
 
     /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */
     const dim3 cluster(pl.cs > 1 ? (unsigned)pl.cs : 1u, 1, 1);

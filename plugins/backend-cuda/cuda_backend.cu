@@ -367,7 +367,6 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */
     be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1); /* a measurement switch (docs/config.md) */
     be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);   /* a test switch (docs/config.md) */
-    be->att_qn_fold = env_flag(host, "BERTH_CUDA_ATT_QN", 1);      /* a measurement switch (docs/config.md) */
     be->gemv_mode = CU_GEMV_NEW;
     if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
         if (strcmp(gv, "old") == 0)

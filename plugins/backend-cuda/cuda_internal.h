@@ -112,8 +112,6 @@ struct berth_backend {
                                  * init; default 0) */
     int att_prewait;            /* the decode attention kernels read metadata and older keys' K/V before their PDL wait
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
-    int att_qn_fold;            /* the cluster decode kernel applies an attention's q_pre itself instead of a norm launch
-                                 * before it (env BERTH_CUDA_ATT_QN=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */
     int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never

@@ -441,22 +441,6 @@ bool opck_attention(struct opck *c, const berth_attention_params *p)
         return opck_fail(c, BERTH_E_INVALID,
                          "attention: block_table must be ne {max_blocks, n_seqs %d}, got ne[1] = %" PRId64, p->n_seqs,
                          p->block_table.ne[1]);
-    const berth_rms_norm_params *qp = opck_attention_q_pre(p);
-    if (qp) {
-        /* the norm of q before the attention: an rms_norm of its own (RoPE allowed) whose y is this q */
-        if (!opck_rms_norm(c, qp))
-            return opck_prefix(c, "attention: q_pre: ");
-        if (!opck_same_view(&qp->y, &p->q))
-            return opck_fail(c, BERTH_E_INVALID,
-                             "attention: q must be q_pre's y (same buffer, offset, dtype, shape and strides)");
-        if (qp->resid_mode != BERTH_RESID_NONE)
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: q_pre needs resid_mode NONE, got %d", qp->resid_mode);
-        if (opck_rms_out_scale(qp) != 1.0f)
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: q_pre cannot scale its output (out_scale %g)",
-                             (double)qp->out_scale);
-        if (opck_rms_has_y2_in(qp, !c->exec))
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "attention: q_pre cannot have a second output (y2)");
-    }
     return true;
 }
 

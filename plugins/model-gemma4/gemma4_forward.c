@@ -358,16 +358,21 @@ static berth_status attention_block(struct g4_step *st, int i)
                                    pre ? "q_proj" : "q_proj (input_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
-    /* q_norm per head, then RoPE on the normalised heads: one rms_norm, sent with the attention (q_pre) so that
-     * a backend can fold it into the attention kernel */
-    berth_rms_norm_params qn;
-    rms_params(st, q, &lw->q_norm, NULL, q, &qn);
-    if (pairs > 0) {
-        qn.rope_mode = BERTH_ROPE_HALF;
-        qn.rope_pair_offset = (int32_t)(hd / 2);
-        qn.rope_n_pairs = pairs;
-        qn.rope_positions = b->positions;
-        qn.rope_freqs = rope_table(st, ly->type);
+    {
+        /* q_norm per head, then RoPE on the normalised heads, in one rms_norm */
+        berth_rms_norm_params p;
+        rms_params(st, q, &lw->q_norm, NULL, q, &p);
+        if (pairs > 0) {
+            p.rope_mode = BERTH_ROPE_HALF;
+            p.rope_pair_offset = (int32_t)(hd / 2);
+            p.rope_n_pairs = pairs;
+            p.rope_positions = b->positions;
+            p.rope_freqs = rope_table(st, ly->type);
+        }
+        if ((r = run(st, BERTH_OP_RMS_NORM, &p,
+                     ly->type == G4_FULL ? "q_norm + RoPE (full layers)" : "q_norm + RoPE (sliding layers)")) !=
+            BERTH_OK)
+            return r;
     }
 
     if (!ly->kv_shared) {
@@ -419,9 +424,7 @@ static berth_status attention_block(struct g4_step *st, int i)
     p.seq_kv_len = b->seq_kv_len;
     p.block_table = g->block_table;
     p.kv = cache;
-    p.q_pre = &qn;
-    if ((r = run(st, BERTH_OP_ATTENTION, &p,
-                 ly->type == G4_FULL ? "full layers (q_norm + RoPE)" : "sliding layers (q_norm + RoPE)")) != BERTH_OK ||
+    if ((r = run(st, BERTH_OP_ATTENTION, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) != BERTH_OK ||
         (r = op_matmul_rms_then(st, act(st, sc->att, H * hd, T, 1), &lw->o_proj, a, &lw->post_attn_norm, &xin, xout,
                                 0.0f, &lw->pre_ff_norm, "o_proj",
                                 "post_attention_layernorm (+ pre_feedforward_layernorm)")) != BERTH_OK)

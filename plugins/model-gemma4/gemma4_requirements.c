@@ -85,8 +85,6 @@ static void canon(int32_t op, void *p)
         canon_tensor(&q->q), canon_tensor(&q->out), canon_tensor(&q->gate), canon_tensor(&q->positions);
         canon_tensor(&q->seq_q_start), canon_tensor(&q->seq_kv_len), canon_tensor(&q->block_table);
         canon_kv(&q->kv);
-        if (q->q_pre) /* the recorded copy's own norm of q (g4_req_record) */
-            canon(BERTH_OP_RMS_NORM, (void *)q->q_pre);
         break;
     }
     default: break;
@@ -172,14 +170,9 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     }
     case BERTH_OP_ATTENTION: {
         const berth_attention_params *q = p;
-        char qdesc[80] = "";
-        if (q->q_pre)
-            snprintf(qdesc, sizeof qdesc, ", q from an rms_norm (%s %s, RoPE %d pairs)",
-                     g4_dtype_name(q->q_pre->w.dtype), norm_name(q->q_pre->weight_mode), q->q_pre->rope_n_pairs);
-        snprintf(out, n,
-                 "attention %s (head_dim %d, %lld heads / %d kv heads, causal, window %d, scale %g, %s cache%s)", site,
-                 q->kv.head_dim, (long long)q->q.ne[1], q->kv.n_kv_heads, q->window, (double)q->scale,
-                 g4_dtype_name(q->kv.dtype), qdesc);
+        snprintf(out, n, "attention %s (head_dim %d, %lld heads / %d kv heads, causal, window %d, scale %g, %s cache)",
+                 site, q->kv.head_dim, (long long)q->q.ne[1], q->kv.n_kv_heads, q->window, (double)q->scale,
+                 g4_dtype_name(q->kv.dtype));
         break;
     }
     default: snprintf(out, n, "op %d %s", (int)op, site); break;
@@ -192,16 +185,10 @@ static int same_norm(const berth_rms_norm_params *a, const berth_rms_norm_params
     return a && b ? memcmp(a, b, sizeof *a) == 0 : a == b;
 }
 
-/* Same recorded parameters: bytes, except that a matmul's y_norm and x_pre pointers and an attention's q_pre are
- * compared by what they point to. */
+/* Same recorded parameters: bytes, except that a matmul's y_norm and x_pre pointers are compared by what they point
+ * to. */
 static int same_params(int32_t op, const void *a, const void *b)
 {
-    if (op == BERTH_OP_ATTENTION) {
-        berth_attention_params x = *(const berth_attention_params *)a, y = *(const berth_attention_params *)b;
-        const berth_rms_norm_params *qx = x.q_pre, *qy = y.q_pre;
-        x.q_pre = y.q_pre = NULL;
-        return memcmp(&x, &y, sizeof x) == 0 && same_norm(qx, qy);
-    }
     if (op != BERTH_OP_MATMUL)
         return memcmp(a, b, params_size(op)) == 0;
     berth_matmul_params x = *(const berth_matmul_params *)a, y = *(const berth_matmul_params *)b;
@@ -218,13 +205,11 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     size_t sz = params_size(op);
     if (sz == 0)
         return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: recording unknown op %d", (int)op);
-    /* A matmul's trailing norm (y_norm) and norm before it (x_pre), and an attention's q_pre, are copied into the
-     * same allocation, right after it, in that order. */
+    /* A matmul's trailing norm (y_norm) and norm before it (x_pre) are copied into the same allocation, right
+     * after it, in that order. */
     const berth_matmul_params *mp = op == BERTH_OP_MATMUL ? params : NULL;
-    const berth_attention_params *ap = op == BERTH_OP_ATTENTION ? params : NULL;
     const berth_rms_norm_params *yn = mp ? mp->y_norm : NULL, *xp = mp ? mp->x_pre : NULL;
-    const berth_rms_norm_params *qp = ap ? ap->q_pre : NULL; /* an attention's norm of q, the same way */
-    void *copy = malloc(sz + ((yn != NULL) + (xp != NULL) + (qp != NULL)) * sizeof(berth_rms_norm_params));
+    void *copy = malloc(sz + ((yn != NULL) + (xp != NULL)) * sizeof(berth_rms_norm_params));
     if (!copy)
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
     memcpy(copy, params, sz);
@@ -236,10 +221,6 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     if (xp) {
         memcpy(own, xp, sizeof *own);
         ((berth_matmul_params *)copy)->x_pre = own;
-    }
-    if (qp) {
-        memcpy(own, qp, sizeof *own);
-        ((berth_attention_params *)copy)->q_pre = own;
     }
     canon(op, copy);
     for (int i = 0; i < m->n_reqs; i++) {
