@@ -110,7 +110,8 @@ struct berth_backend {
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
                                  * instead of leaving it to the split kernel (env BERTH_CUDA_ATT_STRICT=1, read at
                                  * init; default 0) */
-    int att_prewait;            /* the decode attention kernels read metadata and older keys' K/V before their PDL wait
+    int att_prewait;            /* the decode attention kernels read metadata and older keys' K/V before their PDL wait,
+                                 * kv_append its slots and positions, the rms+RoPE kernel its first row's position
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */

@@ -3,12 +3,13 @@
  * K (then rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
  * round to nearest even). Same formulas and order as the CPU backend (plugins/backend-cpu/kv.c).
  *
- * One block per (token, KV head), 128 threads: each thread keeps up to CU_MAX_HEAD_DIM / 128 elements of the
- * head vector in registers; the RMS sum is a block reduction; RoPE pairs cross threads, so the normalised vector
- * goes through shared memory once before the rotation. At decode this is one block doing a chain of dependent
- * steps, so it is latency: K and V are loaded together before either is processed, and the norm weights (no
- * kernel writes a BERTH_USAGE_WEIGHTS buffer) are loaded before waiting for the previous kernel (cu_launch,
- * cuda_launch.cuh: programmatic dependent launch).
+ * Two blocks per (token, KV head), one for K and one for V, 128 threads each: each thread keeps up to
+ * CU_MAX_HEAD_DIM / 128 elements of the head vector in registers; the RMS sum is a block reduction; RoPE pairs
+ * cross threads, so the normalised K goes through shared memory once before the rotation. At decode this is a
+ * chain of dependent steps, so it is latency: K and V in blocks of their own run their chains side by side (one
+ * block doing K then V took ~5 us of a decode step's critical path on the H200, session 9's kernel timeline), and
+ * the norm weights (no kernel writes a BERTH_USAGE_WEIGHTS buffer) are loaded before waiting for the previous
+ * kernel (cu_launch, cuda_launch.cuh: programmatic dependent launch).
  *
  * Slots are data on the device, so the host cannot validate them without a synchronisation: a negative slot
  * skips its token (the contract), and a slot beyond the pool (n_blocks * block_size) also skips it, so a bad
@@ -36,6 +37,7 @@ struct kva_args {
     int32_t k_w_dt, v_w_dt;
     int32_t w_early;            /* the norm weights may be read before cu_pdl_wait (weights buffers) */
     int32_t f_early;            /* the RoPE frequencies may too (a weights buffer) */
+    int32_t meta_early;         /* slots and positions may too (be->att_prewait: the host writes them by copies) */
     int32_t k_mode, v_mode;
     float eps;
     int32_t rope_mode, rope_off, n_pairs;
@@ -157,66 +159,64 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     cu_pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y;
-    float kw[KVA_EPT], vw[KVA_EPT], fr[KVA_EPT];
-    if (a.w_early) {
-        kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
-        kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
-    }
-    if (a.n_pairs > 0 && a.f_early)
+    const bool isv = blockIdx.z != 0; /* K and V of a head are two blocks: two short chains instead of one long */
+    const int n = isv ? a.DV : a.D, mode = isv ? a.v_mode : a.k_mode;
+    const bool rope = !isv && a.n_pairs > 0;
+    float w[KVA_EPT], fr[KVA_EPT];
+    if (a.w_early)
+        kva_ld_weights(w, n, mode, isv ? a.v_w : a.k_w, isv ? a.v_w_dt : a.k_w_dt);
+    if (rope && a.f_early)
         kva_ld_freqs(a, a.D, fr);
+    /* the slot and the position: metadata, before the wait under the decode attention's host assumption
+     * (meta_early; attention_decode.cu, "Reads before the PDL wait"), so the rotation's sin / cos are ready then */
+    int32_t slot = 0;
+    float pos = 0.0f;
+    float sn[KVA_EPT], cs[KVA_EPT];
+    auto ld_meta = [&]() {
+        slot = a.slots[t];
+        pos = rope ? (float)a.positions[t] : 0.0f;
+        if (rope) {
+#pragma unroll
+            for (int e = 0; e < KVA_EPT; e++)
+                sincosf(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
+        }
+    };
+    if (a.meta_early && (!rope || a.f_early))
+        ld_meta();
     cu_pdl_wait();
-    if (!a.w_early) {
-        kva_ld_weights(kw, a.D, a.k_mode, a.k_w, a.k_w_dt);
-        kva_ld_weights(vw, a.DV, a.v_mode, a.v_w, a.v_w_dt);
-    }
-    if (a.n_pairs > 0 && !a.f_early)
+    if (!a.w_early)
+        kva_ld_weights(w, n, mode, isv ? a.v_w : a.k_w, isv ? a.v_w_dt : a.k_w_dt);
+    if (rope && !a.f_early)
         kva_ld_freqs(a, a.D, fr);
 
-    /* One round trip: the slot, the position, K and V (all in flight at once; K and V do not depend on the slot) */
-    const int32_t slot = a.slots[t];
-    const float pos = a.n_pairs > 0 ? (float)a.positions[t] : 0.0f;
-    float x[KVA_EPT], xv[KVA_EPT];
-    const char *ks = a.k + t * a.k_nb2 + h * a.k_nb1;
-    const char *vs = a.v + t * a.v_nb2 + h * a.v_nb1;
+    /* One round trip: the vector (and the slot and the position, when not read yet: all in flight at once; the
+     * vector does not depend on the slot) */
+    float x[KVA_EPT];
+    const char *src = isv ? a.v + t * a.v_nb2 + h * a.v_nb1 : a.k + t * a.k_nb2 + h * a.k_nb1;
+    const int sdt = isv ? a.v_dt : a.k_dt;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
-        x[e] = i < a.D ? cu_ld(ks, a.k_dt, i) : 0.0f;
-        xv[e] = i < a.DV ? cu_ld(vs, a.v_dt, i) : 0.0f;
+        x[e] = i < n ? cu_ld(src, sdt, i) : 0.0f;
     }
+    if (!(a.meta_early && (!rope || a.f_early)))
+        ld_meta(); /* sin / cos: independent of K, so computed before the norm's reduction */
     if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
         return; /* the whole block leaves together: no barrier is skipped by part of it */
     const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
-    /* sin / cos of the rotation: independent of K, so computed before the norm's reduction */
-    float sn[KVA_EPT], cs[KVA_EPT];
-    if (a.n_pairs > 0) {
-#pragma unroll
-        for (int e = 0; e < KVA_EPT; e++)
-            sincosf(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
-    }
 
-    /* K: norm, RoPE, store */
-    if (a.k_mode != BERTH_NORM_W_NONE)
-        kva_norm(x, a.D, a.k_mode, a.eps, kw, red);
-    if (a.n_pairs > 0)
+    /* K: norm, RoPE, store; V: norm, store (never rotated) */
+    if (mode != BERTH_NORM_W_NONE)
+        kva_norm(x, n, mode, a.eps, w, red);
+    if (rope)
         kva_rope(x, a.D, a, sn, cs, buf);
-    char *kd = a.k_dst + blk * a.block_stride + off * a.token_stride + (uint64_t)h * a.head_stride;
+    char *d = isv ? a.v_dst + blk * a.block_stride + off * a.v_token_stride + (uint64_t)h * a.v_head_stride
+                  : a.k_dst + blk * a.block_stride + off * a.token_stride + (uint64_t)h * a.head_stride;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
-        if (i < a.D)
-            cu_st(kd, a.dt, i, x[e]);
-    }
-
-    /* V: norm, store (never rotated) */
-    if (a.v_mode != BERTH_NORM_W_NONE)
-        kva_norm(xv, a.DV, a.v_mode, a.eps, vw, red);
-    char *vd = a.v_dst + blk * a.block_stride + off * a.v_token_stride + (uint64_t)h * a.v_head_stride;
-#pragma unroll
-    for (int e = 0; e < KVA_EPT; e++) {
-        const int i = threadIdx.x + e * KVA_THREADS;
-        if (i < a.DV)
-            cu_st(vd, a.dt, i, xv[e]);
+        if (i < n)
+            cu_st(d, a.dt, i, x[e]);
     }
 }
 
@@ -269,6 +269,7 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.f_early = rope && p->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS;
     a.w_early = (!kw || p->k_norm.buf->usage == BERTH_USAGE_WEIGHTS) &&
                 (!vw || p->v_norm.buf->usage == BERTH_USAGE_WEIGHTS);
+    a.meta_early = be->att_prewait;
     a.k_mode = p->k_norm_mode;
     a.v_mode = p->v_norm_mode;
     a.eps = p->eps;
@@ -288,6 +289,6 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.D = kv->head_dim;
     a.DV = kv->head_dim_v;
     const cudaError_t e =
-        cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads), dim3(KVA_THREADS), 0, kv_append_kernel, a);
+        cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads, 2), dim3(KVA_THREADS), 0, kv_append_kernel, a);
     return cu_check(be, e, "kv_append_kernel");
 }

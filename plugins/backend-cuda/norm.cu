@@ -359,6 +359,13 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
         ld_f();
     if (a.w_early)
         ld_w();
+    /* the block's first row's position and its pair's sin / cos before the wait, where positions count as
+     * metadata the host wrote by a copy (pos_early: be->att_prewait, attention_decode.cu "Reads before the PDL
+     * wait") and the frequency is already here: the decode case's sincosf leaves the critical path */
+    const bool pre = a.pos_early && a.f_early && blockIdx.x < a.rows;
+    float psn = 0.0f, pcs = 1.0f;
+    if (pre && mine)
+        sincosf((float)a.pos[blockIdx.x / a.heads] * fq, &psn, &pcs);
     cu_pdl_wait();
     if (!a.f_early)
         ld_f();
@@ -374,8 +381,8 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
             nm_rope_smem[i] = v;
             ss = fmaf(v, v, ss);
         }
-        float msn = 0.0f, mcs = 1.0f;
-        if (mine)
+        float msn = psn, mcs = pcs;
+        if (mine && !(pre && row == blockIdx.x))
             sincosf(p * fq, &msn, &mcs);
         ss = cu_block_sum(ss, scratch); /* its barriers also publish the staged row */
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
@@ -601,6 +608,7 @@ berth_status cu_op_rms_norm(berth_backend *be, berth_stream *s, const berth_rms_
         a.pos = (const int32_t *)cu_ptr(&p->rope_positions);
         a.freqs = (const float *)cu_ptr(&p->rope_freqs);
         a.f_early = p->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS;
+        a.pos_early = be->att_prewait;
         a.heads = p->x.ne[1];
         a.rmode_rope = p->rope_mode;
         a.roff = p->rope_pair_offset;

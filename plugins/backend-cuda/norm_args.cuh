@@ -27,6 +27,7 @@ struct nm_rms_args {
     int64_t heads;
     int32_t rmode_rope, roff, np;
     int32_t f_early;   /* the RoPE frequencies may be read before cu_pdl_wait (a weights buffer) */
+    int32_t pos_early; /* ... and the positions (metadata the host copies: be->att_prewait) */
     /* the second output (y2 = RMSNorm(y) * w2), rms_norm's kernels only */
     int32_t has_y2, w2dt, w2mode;
     const void *w2;    /* NULL unless w2mode W / W_ONE_PLUS */
