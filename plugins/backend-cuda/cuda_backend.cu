@@ -398,7 +398,18 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
                      "expected", sx);
     }
     be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);   /* a measurement switch (docs/config.md) */
-    be->skinny_xpre = env_flag(host, "BERTH_CUDA_SKINNY_XPRE", 0);     /* a measurement switch (docs/config.md) */
+    /* Products with their norm (x_pre) on the XH instances above skinny_max_m rows, up to this many: on the H200
+     * (bench/RESULTS.md session 9) +3.3% at 32 sequences, -4% at 64, unchanged at 16, so 32 by default */
+    be->skinny_xpre = CU_SKINNY_XPRE_M;
+    if (const char *xp = getenv("BERTH_CUDA_SKINNY_XPRE")) { /* a measurement switch (docs/config.md) */
+        char *end = NULL;
+        const long v = strtol(xp, &end, 10);
+        if (end != xp && *end == '\0' && (v == 0 || v == 1 || (v >= 2 && v <= 64)))
+            be->skinny_xpre = v == 1 ? 64 : (int)v;
+        else if (*xp != '\0')
+            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_XPRE='%s' ignored: 0 (off), 1 (up to 64 rows) or "
+                     "the largest M in 2..64 is expected", xp);
+    }
     be->skinny_strict = env_flag(host, "BERTH_CUDA_SKINNY_STRICT", 0); /* a test switch (docs/config.md) */
     be->skinny_mg = 0;
     if (const char *mg = getenv("BERTH_CUDA_SKINNY_MG")) { /* a measurement switch (docs/config.md) */

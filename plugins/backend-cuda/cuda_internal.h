@@ -120,8 +120,9 @@ struct berth_backend {
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
-    int skinny_xpre;            /* products with an x_pre above skinny_max_m rows on matmul_skinny.cu, x rounded by
-                                 * the norm (env BERTH_CUDA_SKINNY_XPRE=1, read at init; default 0; A/B runs) */
+    int skinny_xpre;            /* products with an x_pre above skinny_max_m rows and up to this many on matmul_skinny.cu,
+                                 * x rounded by the norm; 0 = never (env BERTH_CUDA_SKINNY_XPRE: 0 off, 1 up to 64,
+                                 * 2..64 the bound, read at init; default CU_SKINNY_XPRE_M) */
     int skinny_strict;          /* a plan that declines a call in matmul_skinny.cu's range fails it (env
                                  * BERTH_CUDA_SKINNY_STRICT=1, read at init; tests) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
@@ -150,6 +151,7 @@ struct berth_backend {
 /* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
  * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
 #define CU_SKINNY_MAX_M 16
+#define CU_SKINNY_XPRE_M 32 /* products with an x_pre on matmul_skinny.cu up to this many rows (session 9) */
 /* ... except products with K or N at most this, which stay on it up to M = 64, in row groups (the PLE gate and
  * projection at 32 rows: 5.0 / 3.9 us against 7.2 / 4.3 through cuBLAS; bench/RESULTS.md session 8) */
 #define CU_SKINNY_SMALL_KN 512

@@ -47,8 +47,8 @@
  * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
- * BERTH_CUDA_SKINNY_XPRE 1 sends products with an x_pre norm above the range to the XH instances (x rounded by
- * the norm: sk_shape); BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an
+ * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
+ * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape); BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an
  * error (tests).
  */
 #include "cuda_internal.h"
@@ -754,10 +754,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const bool small = be->skinny_small && M > be->skinny_max_m &&
                        (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
                        K * N * 2 <= CU_SKINNY_SMALL_BYTES; /* bf16 / f16 weights (checked below) */
-    /* a product with its norm (x_pre) above skinny_max_m rows (be->skinny_xpre, BERTH_CUDA_SKINNY_XPRE=1): the norm
+    /* a product with its norm (x_pre) above skinny_max_m rows, up to be->skinny_xpre (BERTH_CUDA_SKINNY_XPRE): the norm
      * writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
     const int64_t ldxh = (K + 7) / 8 * 8;
-    const bool xpre = be->skinny_xpre && pre && !small && M > be->skinny_max_m &&
+    const bool xpre = pre && !small && M > be->skinny_max_m && M <= be->skinny_xpre &&
                       opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && cu_rms_norm_packable(be, pre, ldxh, wdt);
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
         (M > be->skinny_max_m && !small && !xpre) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
