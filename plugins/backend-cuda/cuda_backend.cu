@@ -404,7 +404,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     if (const char *xp = getenv("BERTH_CUDA_SKINNY_XPRE")) { /* a measurement switch (docs/config.md) */
         char *end = NULL;
         const long v = strtol(xp, &end, 10);
-        if (end != xp && *end == '\0' && (v == 0 || v == 1 || (v >= 2 && v <= 64)))
+        if (end != xp && *end == '\0' && v >= 0 && v <= 64)
             be->skinny_xpre = v == 1 ? 64 : (int)v;
         else if (*xp != '\0')
             cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_XPRE='%s' ignored: 0 (off), 1 (up to 64 rows) or "

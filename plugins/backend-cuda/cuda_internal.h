@@ -120,9 +120,9 @@ struct berth_backend {
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
-    int skinny_xpre;            /* products with an x_pre above skinny_max_m rows and up to this many on matmul_skinny.cu,
-                                 * x rounded by the norm; 0 = never (env BERTH_CUDA_SKINNY_XPRE: 0 off, 1 up to 64,
-                                 * 2..64 the bound, read at init; default CU_SKINNY_XPRE_M) */
+    int skinny_xpre;            /* products with an x_pre above skinny_max_m rows and up to this many on
+                                 * matmul_skinny.cu, x rounded by the norm; 0 = never (env BERTH_CUDA_SKINNY_XPRE: 0
+                                 * off, 1 up to 64, 2..64 the bound, read at init; default CU_SKINNY_XPRE_M) */
     int skinny_strict;          /* a plan that declines a call in matmul_skinny.cu's range fails it (env
                                  * BERTH_CUDA_SKINNY_STRICT=1, read at init; tests) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /

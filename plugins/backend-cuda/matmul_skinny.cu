@@ -48,8 +48,8 @@
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
  * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
- * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape); BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an
- * error (tests).
+ * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape);
+ * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
  */
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
@@ -702,8 +702,8 @@ static cudaError_t sk_prepare(const sk_plan &pl)
     return e;
 }
 
-/* Whether all of the plan's clusters (one per column block and row group) can be resident at once on this device, as the
- * occupancy calculator sees it (the planner's GPC rule is a guess). */
+/* Whether all of the plan's clusters (one per column block and row group) can be resident at once on this device,
+ * as the occupancy calculator sees it (the planner's GPC rule is a guess). */
 static bool sk_clusters_fit(const sk_plan &pl, int groups)
 {
     if (sk_prepare(pl) != cudaSuccess) {
@@ -754,8 +754,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const bool small = be->skinny_small && M > be->skinny_max_m &&
                        (K <= CU_SKINNY_SMALL_KN || N <= CU_SKINNY_SMALL_KN) &&
                        K * N * 2 <= CU_SKINNY_SMALL_BYTES; /* bf16 / f16 weights (checked below) */
-    /* a product with its norm (x_pre) above skinny_max_m rows, up to be->skinny_xpre (BERTH_CUDA_SKINNY_XPRE): the norm
-     * writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
+    /* a product with its norm (x_pre) above skinny_max_m rows, up to be->skinny_xpre (BERTH_CUDA_SKINNY_XPRE): the
+     * norm writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
     const int64_t ldxh = (K + 7) / 8 * 8;
     const bool xpre = pre && !small && M > be->skinny_max_m && M <= be->skinny_xpre &&
                       opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && cu_rms_norm_packable(be, pre, ldxh, wdt);
