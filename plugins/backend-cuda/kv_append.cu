@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
                 sincosf(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
         }
     };
-    if (a.meta_early && (!rope || a.f_early))
+    const bool meta_pre = a.meta_early && (!rope || a.f_early); /* the frequencies are needed for sin / cos */
+    if (meta_pre)
         ld_meta();
     cu_pdl_wait();
     if (!a.w_early)
@@ -199,7 +200,7 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
         const int i = threadIdx.x + e * KVA_THREADS;
         x[e] = i < n ? cu_ld(src, sdt, i) : 0.0f;
     }
-    if (!(a.meta_early && (!rope || a.f_early)))
+    if (!meta_pre)
         ld_meta(); /* sin / cos: independent of K, so computed before the norm's reduction */
     if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
         return; /* the whole block leaves together: no barrier is skipped by part of it */
