@@ -64,6 +64,44 @@ static int env_flag(const berth_host *host, const char *name, int dflt)
     return dflt;
 }
 
+/* An integer switch: unset or empty -> dflt; plain decimal digits (no sign, no spaces) giving a value in [lo, hi]
+ * that is a multiple of step -> that value; anything else is logged as "cuda: NAME='v' ignored: EXPECTED is
+ * expected" and keeps dflt. */
+static int env_int(const berth_host *host, const char *name, int lo, int hi, int step, int dflt, const char *expected)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    long n = 0;
+    const char *p = v;
+    while (*p >= '0' && *p <= '9' && n <= hi)
+        n = n * 10 + (*p++ - '0');
+    if (*p == '\0' && n >= lo && n <= hi && n % step == 0)
+        return (int)n;
+    cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: %s is expected", name, v, expected);
+    return dflt;
+}
+
+/* A switch among names: unset or empty -> dflt; names[i] -> values[i]; anything else is logged as env_int does
+ * (EXPECTED lists the names). */
+struct env_name {
+    const char *name;
+    int value;
+};
+static int env_choice(const berth_host *host, const char *name, const env_name *names, size_t n, int dflt,
+                      const char *expected)
+{
+    const char *v = getenv(name);
+    if (!v || !*v)
+        return dflt;
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(v, names[i].name) == 0)
+            return names[i].value;
+    cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: %s is expected", name, v, expected);
+    return dflt;
+}
+#define ENV_NAMES(a) a, sizeof a / sizeof a[0]
+
 /* Errors after which the CUDA context is unusable (the runtime reports them for every later call). */
 static int cuda_error_is_sticky(cudaError_t e)
 {
@@ -322,133 +360,50 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->compute = compute;
     be->n_sms = prop.multiProcessorCount;
     be->smem_optin = prop.sharedMemPerBlockOptin;
-    be->att_split_keys = 16;
-    if (const char *sk = getenv("BERTH_CUDA_ATT_SPLIT_KEYS")) { /* a measurement switch (docs/config.md) */
-        char *end = NULL;
-        const long v = strtol(sk, &end, 10);
-        if (end != sk && *end == '\0' && v >= 16 && v <= 4096 && v % 16 == 0)
-            be->att_split_keys = (int)v;
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_SPLIT_KEYS='%s' ignored: a multiple of 16 in "
-                     "16..4096 is expected", sk);
-    }
-    be->att_decode = CU_ATT_DECODE_AUTO;
-    if (const char *dp = getenv("BERTH_CUDA_ATT_DECODE")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(dp, "old") == 0)
-            be->att_decode = CU_ATT_DECODE_OLD;
-        else if (strcmp(dp, "c8") == 0)
-            be->att_decode = CU_ATT_DECODE_CLUSTER8;
-        else if (strcmp(dp, "new") == 0)
-            be->att_decode = CU_ATT_DECODE_CLUSTER;
-        else if (strcmp(dp, "mma") == 0)
-            be->att_decode = CU_ATT_DECODE_MMA;
-        else if (strcmp(dp, "auto") != 0 && *dp != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_DECODE='%s' ignored: 'auto', 'mma', 'new', 'c8' "
-                     "or 'old' is expected", dp);
-    }
+    /* The measurement and test switches (docs/config.md), read once here. */
+    be->att_split_keys =
+        env_int(host, "BERTH_CUDA_ATT_SPLIT_KEYS", 16, 4096, 16, 16, "a multiple of 16 in 16..4096");
+    static const env_name att_decode[] = {{"auto", CU_ATT_DECODE_AUTO}, {"mma", CU_ATT_DECODE_MMA},
+                                          {"new", CU_ATT_DECODE_CLUSTER}, {"c8", CU_ATT_DECODE_CLUSTER8},
+                                          {"old", CU_ATT_DECODE_OLD}};
+    be->att_decode = env_choice(host, "BERTH_CUDA_ATT_DECODE", ENV_NAMES(att_decode), CU_ATT_DECODE_AUTO,
+                                "'auto', 'mma', 'new', 'c8' or 'old'");
     /* Late by default: the next kernel (o_proj's GEMV) then starts its early weight loads after attention has
      * its K/V, not while it waits for them (E2B decode on the H200: +1.7% at batch 1, +1.2% at 8; session 5). */
-    be->att_late_trigger = 1;
-    be->att_mma_bps = 0;
-    if (const char *mb = getenv("BERTH_CUDA_ATT_MMA_BPS")) { /* a measurement switch (docs/config.md) */
-        if (mb[0] >= '0' && mb[0] <= '8' && mb[1] == '\0')
-            be->att_mma_bps = mb[0] - '0';
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_MMA_BPS='%s' ignored: 0..8 is expected", mb);
-    }
-    if (const char *tr = getenv("BERTH_CUDA_ATT_TRIGGER")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(tr, "early") == 0)
-            be->att_late_trigger = 0;
-        else if (strcmp(tr, "late") != 0 && *tr != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_ATT_TRIGGER='%s' ignored: 'early' or 'late' is expected",
-                     tr);
-    }
+    static const env_name trigger[] = {{"late", 1}, {"early", 0}};
+    be->att_late_trigger = env_choice(host, "BERTH_CUDA_ATT_TRIGGER", ENV_NAMES(trigger), 1, "'early' or 'late'");
+    be->att_mma_bps = env_int(host, "BERTH_CUDA_ATT_MMA_BPS", 0, 8, 1, 0, "0..8");
     /* On by default: E2B decode on the H200 +4.3% at batch 1, +2% at 8 and 32 (session 5). Its assumption about
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */
-    be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1); /* a measurement switch (docs/config.md) */
-    be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);   /* a test switch (docs/config.md) */
-    be->gemv_mode = CU_GEMV_NEW;
-    if (const char *gv = getenv("BERTH_CUDA_GEMV")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(gv, "old") == 0)
-            be->gemv_mode = CU_GEMV_OLD;
-        else if (strcmp(gv, "async") == 0)
-            be->gemv_mode = CU_GEMV_ASYNC;
-        else if (strcmp(gv, "new") != 0)
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV='%s' ignored: 'new', 'async' or 'old' is expected",
-                     gv);
-    }
-    be->skinny_min_m = CU_SKINNY_MIN_M;
-    if (const char *sm = getenv("BERTH_CUDA_SKINNY")) { /* a measurement switch (docs/config.md) */
-        char *end = NULL;
-        const long v = strtol(sm, &end, 10);
-        if (end != sm && *end == '\0' && (v == 0 || (v >= 2 && v <= 64)))
-            be->skinny_min_m = (int)v;
-        else if (strcmp(sm, "1") != 0 && *sm != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY='%s' ignored: 0 (off), 1 (on) or the smallest M "
-                     "in 2..64 is expected", sm);
-    }
-    be->skinny_max_m = CU_SKINNY_MAX_M;
-    if (const char *sx = getenv("BERTH_CUDA_SKINNY_MAX")) { /* a measurement switch (docs/config.md) */
-        char *end = NULL;
-        const long v = strtol(sx, &end, 10);
-        if (end != sx && *end == '\0' && v >= 2 && v <= 64)
-            be->skinny_max_m = (int)v;
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MAX='%s' ignored: the largest M in 2..64 is "
-                     "expected", sx);
-    }
-    be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);   /* a measurement switch (docs/config.md) */
+    be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1);
+    be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);
+    static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
+    be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
+    be->skinny_min_m = env_int(host, "BERTH_CUDA_SKINNY", 0, 64, 1, CU_SKINNY_MIN_M,
+                               "0 (off), 1 (on) or the smallest M in 2..64");
+    if (be->skinny_min_m == 1) /* on: the default bound */
+        be->skinny_min_m = CU_SKINNY_MIN_M;
+    be->skinny_max_m = env_int(host, "BERTH_CUDA_SKINNY_MAX", 2, 64, 1, CU_SKINNY_MAX_M, "the largest M in 2..64");
+    be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);
     /* Products with their norm (x_pre) on the XH instances above skinny_max_m rows, up to this many: on the H200
      * (bench/RESULTS.md session 9) +3.3% at 32 sequences, -4% at 64, unchanged at 16, so 32 by default */
-    be->skinny_xpre = CU_SKINNY_XPRE_M;
-    if (const char *xp = getenv("BERTH_CUDA_SKINNY_XPRE")) { /* a measurement switch (docs/config.md) */
-        char *end = NULL;
-        const long v = strtol(xp, &end, 10);
-        if (end != xp && *end == '\0' && v >= 0 && v <= 64)
-            be->skinny_xpre = v == 1 ? 64 : (int)v;
-        else if (*xp != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_XPRE='%s' ignored: 0 (off), 1 (up to 64 rows) or "
-                     "the largest M in 2..64 is expected", xp);
-    }
-    be->skinny_strict = env_flag(host, "BERTH_CUDA_SKINNY_STRICT", 0); /* a test switch (docs/config.md) */
-    be->skinny_mg = 0;
-    if (const char *mg = getenv("BERTH_CUDA_SKINNY_MG")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(mg, "0") == 0 || strcmp(mg, "8") == 0 || strcmp(mg, "16") == 0 || strcmp(mg, "32") == 0)
-            be->skinny_mg = atoi(mg);
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_MG='%s' ignored: 0, 8, 16 or 32 is expected", mg);
-    }
+    be->skinny_xpre = env_int(host, "BERTH_CUDA_SKINNY_XPRE", 0, 64, 1, CU_SKINNY_XPRE_M,
+                              "0 (off), 1 (up to 64 rows) or the largest M in 2..64");
+    if (be->skinny_xpre == 1)
+        be->skinny_xpre = 64;
+    be->skinny_strict = env_flag(host, "BERTH_CUDA_SKINNY_STRICT", 0);
+    static const env_name mg[] = {{"0", 0}, {"8", 8}, {"16", 16}, {"32", 32}};
+    be->skinny_mg = env_choice(host, "BERTH_CUDA_SKINNY_MG", ENV_NAMES(mg), 0, "0, 8, 16 or 32");
     /* 64 rows of w per block where that tile exists: on the H200 it beat the bandwidth model's own choice end to
      * end (E2B decode, 8 / 16 sequences: 2531 / 4259 tok/s against 2343 / 4146; bench/RESULTS.md session 4). */
-    be->skinny_bn = 64;
-    if (const char *bn = getenv("BERTH_CUDA_SKINNY_BN")) { /* a measurement switch (docs/config.md) */
-        if (strcmp(bn, "64") == 0 || strcmp(bn, "128") == 0 || strcmp(bn, "256") == 0)
-            be->skinny_bn = atoi(bn);
-        else if (strcmp(bn, "auto") == 0)
-            be->skinny_bn = 0;
-        else
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKINNY_BN='%s' ignored: 64, 128, 256 or auto is "
-                     "expected", bn);
-    }
+    static const env_name bn[] = {{"64", 64}, {"128", 128}, {"256", 256}, {"auto", 0}};
+    be->skinny_bn = env_choice(host, "BERTH_CUDA_SKINNY_BN", ENV_NAMES(bn), 64, "64, 128, 256 or auto");
     /* Off by default: on the H200 the fused tail measured slower than the second launch (E2B batch 1: 420 against
      * 444 tok/s, bench/RESULTS.md session 4). BERTH_CUDA_GEMV_NORM=1..8 turns it on up to that M. */
-    be->gemv_norm = 0;
-    if (const char *gn = getenv("BERTH_CUDA_GEMV_NORM")) { /* a measurement switch (docs/config.md) */
-        if (gn[0] >= '0' && gn[0] <= '8' && gn[1] == '\0')
-            be->gemv_norm = gn[0] - '0';
-        else if (*gn != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_GEMV_NORM='%s' ignored: 0 (off) or the largest M in 1..8 "
-                     "is expected", gn);
-    }
+    be->gemv_norm = env_int(host, "BERTH_CUDA_GEMV_NORM", 0, 8, 1, 0, "0 (off) or the largest M in 1..8");
     /* Off by default: on the H200 the prologue measured slower than the norm's own launch (E2B batch 1: 467 against
      * 482 tok/s, bench/RESULTS.md session 6). BERTH_CUDA_XPRE=1 turns it on, 2 only for products of <= 8192 rows. */
-    be->xpre_fuse = 0;
-    if (const char *xp = getenv("BERTH_CUDA_XPRE")) { /* a measurement switch (docs/config.md) */
-        if (xp[0] >= '0' && xp[0] <= '2' && xp[1] == '\0')
-            be->xpre_fuse = xp[0] - '0';
-        else if (*xp != '\0')
-            cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_XPRE='%s' ignored: 0, 1 or 2 is expected", xp);
-    }
+    be->xpre_fuse = env_int(host, "BERTH_CUDA_XPRE", 0, 2, 1, 0, "0, 1 or 2");
     if (const char *sk = getenv("BERTH_CUDA_SKIP")) { /* an ablation switch (docs/config.md): wrong results */
         static const struct { const char *name; unsigned bit; } names[] = {
             {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},
