@@ -100,7 +100,20 @@ struct adm_args {
     unsigned int *count;       /* [n_seqs * n_kv_heads] arrival counters, 0 between kernels (ns > 1) */
     int32_t late;              /* PDL trigger after the key loop (BERTH_CUDA_ATT_TRIGGER=late) */
     int32_t prewait;           /* metadata, block table and older keys' K/V before the PDL wait (attention_decode.cu) */
+    unsigned long long *prof;  /* BERTH_CUDA_ATT_PROF=1: ADM_STAMPS global-timer stamps per block (NULL: none) */
 };
+
+/* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
+ * at each phase boundary (adm_prof_report prints them). */
+#define ADM_STAMPS 7
+#define ADM_STAMP(k)                                                                                           \
+    do {                                                                                                       \
+        if (a.prof && threadIdx.x == 0) {                                                                      \
+            unsigned long long t_;                                                                             \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                              \
+            a.prof[(size_t)blockIdx.x * ADM_STAMPS + (k)] = t_;                                                \
+        }                                                                                                      \
+    } while (0)
 
 __device__ __forceinline__ float adm_exp2(float x)
 {
@@ -224,6 +237,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     __shared__ float alpha_s[H];
     __shared__ float2 ml_s[H];
 
+    ADM_STAMP(0);
     if (!a.late)
         cu_pdl_trigger();
     bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
@@ -283,6 +297,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         cu_cp_commit();
         if (!waited) {
             cu_pdl_wait();
+            ADM_STAMP(1);
             waited = true;
             if (ntiles > 0 && k1 > safe_hi && k0 + 2 * BN > safe_hi) { /* the same in the whole block */
                 adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0, safe_hi);
@@ -314,6 +329,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         }
         __syncthreads();
 
+        ADM_STAMP(2);
         /* q^T fragments of this warp's head-dim quarter (B operands of S^T = K q^T) */
         uint32_t qf[KS][2];
 #pragma unroll
@@ -425,6 +441,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
             }
         }
         cu_cp_wait<0>();
+        ADM_STAMP(3);
         if (a.late) /* the next kernel's early loads no longer compete with this one's */
             cu_pdl_trigger();
 
@@ -465,7 +482,9 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         }
         __syncthreads(); /* Qs, bt_s, ml_s and the stages are free for the next row */
     }
-    if (a.ns == 1 || !adm_arrive(a.count + (int64_t)seq * a.n_kv_heads + g, a.ns))
+    const bool last = a.ns > 1 && adm_arrive(a.count + (int64_t)seq * a.n_kv_heads + g, a.ns);
+    ADM_STAMP(4);
+    if (!last)
         return;
 
     /* The last block of this (sequence, KV head): merge every row's splits in split order. */
@@ -493,6 +512,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
                 alpha_s[sh] = l > 0.0f ? 1.0f / l : 0.0f;
         }
         __syncthreads();
+        ADM_STAMP(5);
         /* Each thread 4 output float4s, the splits 4 at a time: 16 loads in flight per round trip, summed in split
          * order. Every split wrote its partial (zeros when it saw no key), so every load is of written data. */
         const int c4n = a.DV / 4; /* DV is a multiple of 16 */
@@ -551,6 +571,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         }
         __syncthreads();
     }
+    ADM_STAMP(6);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -615,6 +636,49 @@ static int adm_splits(const berth_backend *be, int64_t kvb, int64_t base, int bp
     if (ns > ADM_MAX_SPLITS)
         return 0;
     return ns < 1 ? 1 : (int)ns;
+}
+
+/* BERTH_CUDA_ATT_PROF: after the call, per stamp (0 start, 1 after the PDL wait, 2 q in shared memory, 3 keys done,
+ * 4 partial written and counted, 5 the merge's weights (last blocks), 6 merge done) the min / median / max over the
+ * blocks in us from the earliest start, logged. */
+static void adm_prof_report(berth_backend *be, berth_stream *s, const adm_args &a, int blocks, int dp)
+{
+    unsigned long long *t = (unsigned long long *)malloc((size_t)blocks * ADM_STAMPS * 8);
+    if (!t)
+        return;
+    if (cudaStreamSynchronize(s->cs) != cudaSuccess ||
+        cudaMemcpy(t, a.prof, (size_t)blocks * ADM_STAMPS * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free(t);
+        return;
+    }
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < blocks; b++)
+        if (t[(size_t)b * ADM_STAMPS] && t[(size_t)b * ADM_STAMPS] < t0)
+            t0 = t[(size_t)b * ADM_STAMPS];
+    char msg[600];
+    int n = snprintf(msg, sizeof msg, "attn_decode_mma d%d T=%d ns=%d blocks=%d: stamp min/med/max us:", dp, a.T, a.ns,
+                     blocks);
+    double *v = (double *)malloc((size_t)blocks * sizeof(double));
+    for (int k = 0; v && k < ADM_STAMPS && n > 0 && n < (int)sizeof msg; k++) {
+        int c = 0;
+        for (int b = 0; b < blocks; b++)
+            if (t[(size_t)b * ADM_STAMPS + k])
+                v[c++] = (double)(t[(size_t)b * ADM_STAMPS + k] - t0) / 1000.0;
+        if (c == 0)
+            continue;
+        for (int i = 1; i < c; i++) /* insertion sort: a few hundred values */
+            for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+                const double x = v[j];
+                v[j] = v[j - 1];
+                v[j - 1] = x;
+            }
+        n += snprintf(msg + n, sizeof msg - (size_t)n, " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2], v[c - 1], c);
+    }
+    free(v);
+    free(t);
+    if (be->host && be->host->log)
+        be->host->log(be->host->ctx, BERTH_LOG_WARN, msg);
 }
 
 /* The call, or with reserve_only just the workspace a capture of it would need (nothing enqueued). */
@@ -737,10 +801,26 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.count = s->att_count;
     a.late = be->att_late_trigger;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
+    static unsigned long long *prof_buf; /* BERTH_CUDA_ATT_PROF: a measurement switch; one buffer, never freed */
+    static int64_t prof_cap;
+    if (be->att_prof && !be->capturing) {
+        if (prof_cap < blocks) {
+            if (prof_buf)
+                cudaFree(prof_buf);
+            prof_buf = nullptr;
+            prof_cap = 0;
+            if (cudaMalloc((void **)&prof_buf, (size_t)blocks * ADM_STAMPS * 8) == cudaSuccess)
+                prof_cap = blocks;
+        }
+        if (prof_buf && cudaMemsetAsync(prof_buf, 0, (size_t)blocks * ADM_STAMPS * 8, s->cs) == cudaSuccess)
+            a.prof = prof_buf;
+    }
     const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                      "attn_decode_mma_kernel");
     if (st == BERTH_OK)
         *ran = true;
+    if (st == BERTH_OK && a.prof)
+        adm_prof_report(be, s, a, (int)blocks, dp);
     return st;
 }
 

@@ -377,6 +377,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */
     be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1);
     be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);
+    be->att_prof = env_flag(host, "BERTH_CUDA_ATT_PROF", 0);
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
     be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
     be->skinny_min_m = env_int(host, "BERTH_CUDA_SKINNY", 0, 64, 1, CU_SKINNY_MIN_M,

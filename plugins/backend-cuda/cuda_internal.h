@@ -107,6 +107,8 @@ struct berth_backend {
                                  * fit; env BERTH_CUDA_ATT_MMA_BPS=1..8, read at init; tuning runs) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
+    int att_prof;               /* attention_decode_mma.cu logs its blocks' phase times per eager call (env
+                                 * BERTH_CUDA_ATT_PROF=1; a measurement switch) */
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
                                  * instead of leaving it to the split kernel (env BERTH_CUDA_ATT_STRICT=1, read at
                                  * init; default 0) */
