@@ -10,6 +10,7 @@
  * with BERTH_E_DEVICE_LOST. Only berth_plugin_entry is exported (meson builds with hidden visibility).
  */
 #include "cuda_internal.h"
+#include "env_switch.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,39 +65,29 @@ static int env_flag(const berth_host *host, const char *name, int dflt)
     return dflt;
 }
 
-/* An integer switch: unset or empty -> dflt; plain decimal digits (no sign, no spaces) giving a value in [lo, hi]
- * that is a multiple of step -> that value; anything else is logged as "cuda: NAME='v' ignored: EXPECTED is
+/* An integer switch: unset or empty -> dflt; a value cu_env_parse_int accepts (env_switch.h: decimal digits in
+ * [lo, hi], a multiple of step) -> that value; anything else is logged as "cuda: NAME='v' ignored: EXPECTED is
  * expected" and keeps dflt. */
 static int env_int(const berth_host *host, const char *name, int lo, int hi, int step, int dflt, const char *expected)
 {
     const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    long n = 0;
-    const char *p = v;
-    while (*p >= '0' && *p <= '9' && n <= hi)
-        n = n * 10 + (*p++ - '0');
-    if (*p == '\0' && n >= lo && n <= hi && n % step == 0)
-        return (int)n;
+    int n = dflt;
+    if (!v || !*v || cu_env_parse_int(v, lo, hi, step, &n))
+        return n;
     cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: %s is expected", name, v, expected);
     return dflt;
 }
 
 /* A switch among names: unset or empty -> dflt; names[i] -> values[i]; anything else is logged as env_int does
  * (EXPECTED lists the names). */
-struct env_name {
-    const char *name;
-    int value;
-};
+typedef struct cu_env_name env_name;
 static int env_choice(const berth_host *host, const char *name, const env_name *names, size_t n, int dflt,
                       const char *expected)
 {
     const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    for (size_t i = 0; i < n; i++)
-        if (strcmp(v, names[i].name) == 0)
-            return names[i].value;
+    int r = dflt;
+    if (!v || !*v || cu_env_parse_choice(v, names, n, &r))
+        return r;
     cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: %s is expected", name, v, expected);
     return dflt;
 }
