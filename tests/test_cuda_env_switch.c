@@ -37,6 +37,12 @@ START_TEST(test_int_rejects_and_keeps_out)
     ck_assert_int_eq(cu_env_parse_int("0", 16, 4096, 16, &v), 0);  /* below lo */
     ck_assert_int_eq(cu_env_parse_int("1", 2, 64, 1, &v), 0);
     ck_assert_int_eq(cu_env_parse_int(NULL, 0, 8, 1, &v), 0);
+    ck_assert_int_eq(cu_env_parse_int("4", 0, 8, 0, &v), 0);     /* a step below 1 */
+    ck_assert_int_eq(cu_env_parse_int("4", 8, 0, 1, &v), 0);     /* lo > hi */
+    ck_assert_int_eq(cu_env_parse_int("2147483647", 0, 2147483647, 1, &v), 1); /* INT_MAX itself, no overflow */
+    ck_assert_int_eq(v, 2147483647);
+    v = 42;
+    ck_assert_int_eq(cu_env_parse_int("2147483648", 0, 2147483647, 1, &v), 0);
     ck_assert_int_eq(v, 42);
 }
 END_TEST

@@ -44,6 +44,7 @@
 #include "cuda_mma.cuh"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
@@ -240,9 +241,12 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     ADM_STAMP(0);
     if (!a.late)
         cu_pdl_trigger();
-    bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
-    if (waited)
+    bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q (the ATT_PROF stamps
+                               * excepted: a buffer only this kernel touches, zeroed by a synchronous call before) */
+    if (waited) {
         cu_pdl_wait();
+        ADM_STAMP(1);
+    }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned bx = blockIdx.x;
@@ -639,18 +643,29 @@ static int adm_splits(const berth_backend *be, int64_t kvb, int64_t base, int bp
 }
 
 /* BERTH_CUDA_ATT_PROF: after the call, per stamp (0 start, 1 after the PDL wait, 2 q in shared memory, 3 keys done,
- * 4 partial written and counted, 5 the merge's weights (last blocks), 6 merge done) the min / median / max over the
- * blocks in us from the earliest start, logged. */
-static void adm_prof_report(berth_backend *be, berth_stream *s, const adm_args &a, int blocks, int dp)
+ * 4 partial written and counted, 5 the merge's weights (last blocks), 6 merge done; with several rows per sequence
+ * stamps 2, 3 and 5 are the last row's) the minimum / upper median / maximum over the blocks in us from the earliest
+ * start, logged at WARN. Synchronises the stream (a fault of the call is reported here) and zeroes the stamps for
+ * the next profiled call. */
+static int adm_cmp_double(const void *x, const void *y)
 {
-    unsigned long long *t = (unsigned long long *)malloc((size_t)blocks * ADM_STAMPS * 8);
-    if (!t)
-        return;
-    if (cudaStreamSynchronize(s->cs) != cudaSuccess ||
-        cudaMemcpy(t, a.prof, (size_t)blocks * ADM_STAMPS * 8, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    const double a = *(const double *)x, b = *(const double *)y;
+    return a < b ? -1 : a > b;
+}
+
+static berth_status adm_prof_report(berth_backend *be, berth_stream *s, const adm_args &a, int blocks, int dp)
+{
+    berth_status st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (BERTH_CUDA_ATT_PROF)");
+    const size_t n_st = (size_t)blocks * ADM_STAMPS;
+    unsigned long long *t = (unsigned long long *)malloc(n_st * sizeof *t);
+    double *v = (double *)malloc((size_t)blocks * sizeof *v);
+    if (st != BERTH_OK || !t || !v ||
+        cudaMemcpy(t, a.prof, n_st * sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemset(a.prof, 0, n_st * sizeof *t) != cudaSuccess) {
         (void)cudaGetLastError();
         free(t);
-        return;
+        free(v);
+        return st;
     }
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < blocks; b++)
@@ -659,26 +674,21 @@ static void adm_prof_report(berth_backend *be, berth_stream *s, const adm_args &
     char msg[600];
     int n = snprintf(msg, sizeof msg, "attn_decode_mma d%d T=%d ns=%d blocks=%d: stamp min/med/max us:", dp, a.T, a.ns,
                      blocks);
-    double *v = (double *)malloc((size_t)blocks * sizeof(double));
-    for (int k = 0; v && k < ADM_STAMPS && n > 0 && n < (int)sizeof msg; k++) {
+    for (int k = 0; k < ADM_STAMPS && n > 0 && n < (int)sizeof msg; k++) {
         int c = 0;
         for (int b = 0; b < blocks; b++)
             if (t[(size_t)b * ADM_STAMPS + k])
                 v[c++] = (double)(t[(size_t)b * ADM_STAMPS + k] - t0) / 1000.0;
         if (c == 0)
             continue;
-        for (int i = 1; i < c; i++) /* insertion sort: a few hundred values */
-            for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
-                const double x = v[j];
-                v[j] = v[j - 1];
-                v[j - 1] = x;
-            }
+        qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
         n += snprintf(msg + n, sizeof msg - (size_t)n, " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2], v[c - 1], c);
     }
     free(v);
     free(t);
     if (be->host && be->host->log)
         be->host->log(be->host->ctx, BERTH_LOG_WARN, msg);
+    return BERTH_OK;
 }
 
 /* The call, or with reserve_only just the workspace a capture of it would need (nothing enqueued). */
@@ -801,26 +811,28 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.count = s->att_count;
     a.late = be->att_late_trigger;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
-    static unsigned long long *prof_buf; /* BERTH_CUDA_ATT_PROF: a measurement switch; one buffer, never freed */
-    static int64_t prof_cap;
-    if (be->att_prof && !be->capturing) {
-        if (prof_cap < blocks) {
-            if (prof_buf)
-                cudaFree(prof_buf);
-            prof_buf = nullptr;
-            prof_cap = 0;
-            if (cudaMalloc((void **)&prof_buf, (size_t)blocks * ADM_STAMPS * 8) == cudaSuccess)
-                prof_cap = blocks;
+    if (be->att_prof && !be->capturing) { /* the stream's stamp buffer, zero (here or after the last report) */
+        const size_t bytes = (size_t)blocks * ADM_STAMPS * sizeof *s->att_prof;
+        if (s->att_prof_cap < blocks) {
+            if (s->att_prof)
+                (void)cudaFree(s->att_prof);
+            s->att_prof = nullptr;
+            s->att_prof_cap = 0;
+            if (cudaMalloc((void **)&s->att_prof, bytes) == cudaSuccess &&
+                cudaMemset(s->att_prof, 0, bytes) == cudaSuccess)
+                s->att_prof_cap = blocks;
+            else
+                (void)cudaGetLastError(); /* no stamps this call; not a launch error */
         }
-        if (prof_buf && cudaMemsetAsync(prof_buf, 0, (size_t)blocks * ADM_STAMPS * 8, s->cs) == cudaSuccess)
-            a.prof = prof_buf;
+        if (s->att_prof_cap >= blocks)
+            a.prof = s->att_prof;
     }
     const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                      "attn_decode_mma_kernel");
     if (st == BERTH_OK)
         *ran = true;
     if (st == BERTH_OK && a.prof)
-        adm_prof_report(be, s, a, (int)blocks, dp);
+        return adm_prof_report(be, s, a, (int)blocks, dp);
     return st;
 }
 

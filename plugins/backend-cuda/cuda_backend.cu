@@ -91,7 +91,7 @@ static int env_choice(const berth_host *host, const char *name, const env_name *
     cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: %s is expected", name, v, expected);
     return dflt;
 }
-#define ENV_NAMES(a) a, sizeof a / sizeof a[0]
+#define ENV_NAMES(a) (a), sizeof(a) / sizeof((a)[0])
 
 /* Errors after which the CUDA context is unusable (the runtime reports them for every later call). */
 static int cuda_error_is_sticky(cudaError_t e)
@@ -300,6 +300,8 @@ static void stream_free(struct berth_stream *s)
         (void)cudaFree(s->ynorm_count);
     if (s->att_count)
         (void)cudaFree(s->att_count);
+    if (s->att_prof)
+        (void)cudaFree(s->att_prof);
     while (s->retired) {
         struct cu_retired *r = s->retired;
         s->retired = r->next;

@@ -78,6 +78,9 @@ struct berth_stream {
     unsigned int *att_count;    /* device: CU_ATT_COUNTERS arrival counters of the tensor-core decode attention's
                                  * split merge (attention_decode_mma.cu), one per (sequence, KV head); 0 between
                                  * kernels; made and zeroed with the stream */
+    unsigned long long *att_prof; /* device: BERTH_CUDA_ATT_PROF's stamps (attention_decode_mma.cu), att_prof_cap
+                                   * blocks' worth, zero before each profiled call; NULL until the switch needs it */
+    int64_t att_prof_cap;
 };
 
 #define CU_ATT_COUNTERS 4096
@@ -104,7 +107,7 @@ struct berth_backend {
                                  * init; default 16) */
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
     int att_mma_bps;            /* tensor-core decode attention: blocks per SM its split count fills (0: as many as
-                                 * fit; env BERTH_CUDA_ATT_MMA_BPS=1..8, read at init; tuning runs) */
+                                 * fit; env BERTH_CUDA_ATT_MMA_BPS=0..8, read at init; tuning runs) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
     int att_prof;               /* attention_decode_mma.cu logs its blocks' phase times per eager call (env

@@ -11,18 +11,22 @@
 #include <string.h>
 
 /* 1 and *out = the value when v is plain decimal digits (no sign, no spaces; leading zeros allowed) giving a value in
- * [lo, hi] (0 <= lo <= hi) that is a multiple of step (>= 1); 0 otherwise, *out untouched. */
+ * [lo, hi] that is a multiple of step; 0 otherwise (also for step < 1 or lo > hi), *out untouched. */
 static inline int cu_env_parse_int(const char *v, int lo, int hi, int step, int *out)
 {
-    long n = 0;
+    int n = 0;
     const char *p = v;
-    if (!p || *p < '0' || *p > '9')
+    if (!p || *p < '0' || *p > '9' || step < 1 || lo > hi || hi < 0)
         return 0;
-    while (*p >= '0' && *p <= '9' && n <= hi) /* stops growing past hi: no overflow */
-        n = n * 10 + (*p++ - '0');
-    if (*p != '\0' || n < lo || n > hi || n % step != 0)
+    for (; *p >= '0' && *p <= '9'; p++) {
+        const int d = *p - '0';
+        if (n > hi / 10 || n * 10 > hi - d) /* n * 10 + d would pass hi (checked without overflowing) */
+            return 0;
+        n = n * 10 + d;
+    }
+    if (*p != '\0' || n < lo || n % step != 0)
         return 0;
-    *out = (int)n;
+    *out = n;
     return 1;
 }
 
