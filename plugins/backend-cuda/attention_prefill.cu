@@ -656,6 +656,8 @@ static int apf_rows(apf_kind k)
 berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
 {
     *ran = false;
+    /* read at every call, unlike the switches read at init (cuda_backend.cu): bench_cuda_attention flips it between
+     * calls in one process to time both kernels side by side */
     const char *env = getenv("BERTH_CUDA_ATT_PREFILL");
     if (env && strcmp(env, "old") == 0)
         return BERTH_OK;
