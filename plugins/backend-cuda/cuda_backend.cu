@@ -53,18 +53,6 @@ static void cuda_log(const berth_host *host, int32_t level, const char *fmt, ...
         host->log(host->ctx, level, msg);
 }
 
-/* A 0/1 switch from the environment: unset or empty gives dflt; another value is ignored with a warning. */
-static int env_flag(const berth_host *host, const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v)
-        return dflt;
-    if (strcmp(v, "0") == 0 || strcmp(v, "1") == 0)
-        return v[0] - '0';
-    cuda_log(host, BERTH_LOG_WARN, "cuda: %s='%s' ignored: 0 or 1 is expected", name, v);
-    return dflt;
-}
-
 /* An integer switch: unset or empty -> dflt; a value cu_env_parse_int accepts (env_switch.h: decimal digits in
  * [lo, hi], a multiple of step) -> that value; anything else is logged as "cuda: NAME='v' ignored: EXPECTED is
  * expected" and keeps dflt. */
@@ -92,6 +80,13 @@ static int env_choice(const berth_host *host, const char *name, const env_name *
     return dflt;
 }
 #define ENV_NAMES(a) (a), sizeof(a) / sizeof((a)[0])
+
+/* A 0/1 switch: exactly "0" or "1", as env_choice reads names. */
+static int env_flag(const berth_host *host, const char *name, int dflt)
+{
+    static const env_name flag[] = {{"0", 0}, {"1", 1}};
+    return env_choice(host, name, ENV_NAMES(flag), dflt, "0 or 1");
+}
 
 /* Errors after which the CUDA context is unusable (the runtime reports them for every later call). */
 static int cuda_error_is_sticky(cudaError_t e)
