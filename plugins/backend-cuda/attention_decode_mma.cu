@@ -22,10 +22,11 @@
  *   quarters in a fixed order, scale/softcap/mask in log2 units, keep the head's running max and sum, write P^T
  *   rounded to the MMA type and each head's rescale factor; (C) each warp rescales and accumulates its quarter of
  *   the output dims: O^T += V^T (ldmatrix.trans) P^T.
- * Splits merge without a second kernel: each block writes its partial (unnormalised O, max, sum) to the stream's
- * workspace, then counts itself in a per-(sequence, KV head) counter of the stream (release/acquire at GPU scope,
- * as gemv_norm.cuh); the block that arrives last resets the counter and merges the partials in split order
- * (deterministic), applies the gate and writes the output. With one split the block writes the output directly.
+ * Splits: each block writes its partial (unnormalised O, max, sum) to the stream's workspace; adm_merge_kernel, launched
+ * right after (PDL), merges them in split order (deterministic), applies the gate and writes the output, spread over
+ * the GPU. BERTH_CUDA_ATT_MERGE=last keeps the older way: each block counts itself in a per-(sequence, KV head)
+ * counter of the stream (release/acquire at GPU scope, as gemv_norm.cuh) and the block that arrives last resets the
+ * counter and merges. With one split the block writes the output directly.
  *
  * Arithmetic (the contract of attention.cu's tensor-core prefill, held by tests/cuda_ops/test_cuda_attention.c's
  * bound in BF16 mode): q and P rounded to the cache's type (nearest even), K and V used as stored; scale, softcap,
@@ -102,6 +103,8 @@ struct adm_args {
     int32_t late;              /* PDL trigger after the key loop (BERTH_CUDA_ATT_TRIGGER=late) */
     int32_t prewait;           /* metadata, block table and older keys' K/V before the PDL wait (attention_decode.cu) */
     unsigned long long *prof;  /* BERTH_CUDA_ATT_PROF=1: ADM_STAMPS global-timer stamps per block (NULL: none) */
+    int32_t merge_kernel;      /* ns > 1: adm_merge_kernel merges the partials (no counters); 0: the last block */
+    int32_t m_chunks;          /* adm_merge_kernel: blocks per (sequence, KV head) */
 };
 
 /* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
@@ -486,6 +489,10 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         }
         __syncthreads(); /* Qs, bt_s, ml_s and the stages are free for the next row */
     }
+    if (a.merge_kernel) { /* adm_merge_kernel, launched after this one, merges */
+        ADM_STAMP(4);
+        return;
+    }
     const bool last = a.ns > 1 && adm_arrive(a.count + (int64_t)seq * a.n_kv_heads + g, a.ns);
     ADM_STAMP(4);
     if (!last)
@@ -576,6 +583,69 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         __syncthreads();
     }
     ADM_STAMP(6);
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The split merge as a kernel of its own (BERTH_CUDA_ATT_MERGE=kernel, the default). Why: merged by the last block
+// of each (sequence, KV head), the weighted sum over the splits' partials (64 KB per pair at head dim 256, 8
+// splits) runs through one SM per pair after that pair's key loop, and at 32 sequences it took about half of the
+// kernel's time (bench/RESULTS.md, session 10). Here every thread owns one float4 of one head's output, so a pair's
+// merge is spread over m_chunks blocks across the GPU, and all of its loads are issued at once. Grid: m_chunks *
+// n_kv_heads * n_seqs blocks of ADM_THREADS, chunk fastest. The sum runs in split order (deterministic).
+
+__global__ void __launch_bounds__(ADM_THREADS) adm_merge_kernel(const adm_args a)
+{
+    cu_pdl_trigger();
+    cu_pdl_wait(); /* the partials (and nothing else read here) come from the attention kernel just before */
+    const unsigned bx = blockIdx.x;
+    const int chunk = (int)(bx % (unsigned)a.m_chunks);
+    const unsigned rest = bx / (unsigned)a.m_chunks;
+    const int g = (int)(rest % (unsigned)a.n_kv_heads);
+    const int seq = (int)(rest / (unsigned)a.n_kv_heads);
+    const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
+    if (q0 < 0 || q1 <= q0 || q1 > a.T)
+        return;
+    const int c4n = a.DV / 4; /* DV is a multiple of 16 */
+    const int i = chunk * ADM_THREADS + (int)threadIdx.x;
+    if (i >= a.n_rep * c4n)
+        return;
+    const int h = i / c4n, d = 4 * (i % c4n);
+    const int64_t sst = (int64_t)ADM_HEADS * a.DV / 4; /* float4s from one split's partial to the next's */
+    for (int32_t t = q0; t < q1; t++) {
+        const int64_t slot0 = ((int64_t)t * a.n_kv_heads + g) * a.ns;
+        const float2 *ml = a.part_ml + slot0 * ADM_HEADS + h;
+        const float4 *po = (const float4 *)(a.part_o + slot0 * ADM_HEADS * a.DV) + (int64_t)h * c4n + d / 4;
+        float mx = -INFINITY;
+#pragma unroll 8
+        for (int sp = 0; sp < a.ns; sp++)
+            mx = fmaxf(mx, __ldcg(&ml[sp * ADM_HEADS].x));
+        float l = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int sp = 0; sp < a.ns; sp++) {
+            const float2 m = __ldcg(&ml[sp * ADM_HEADS]);
+            const float4 v = __ldcg(po + sp * sst);
+            const float w = m.x == -INFINITY ? 0.0f : adm_exp2(m.x - mx);
+            l = fmaf(w, m.y, l);
+            acc.x = fmaf(w, v.x, acc.x);
+            acc.y = fmaf(w, v.y, acc.y);
+            acc.z = fmaf(w, v.z, acc.z);
+            acc.w = fmaf(w, v.w, acc.w);
+        }
+        const float li = l > 0.0f ? 1.0f / l : 0.0f;
+        float r[4] = {acc.x * li, acc.y * li, acc.z * li, acc.w * li};
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            r[e] = adm_gated(a, t, g * a.n_rep + h, d + e, r[e]);
+        float *orow = (float *)(a.out + (int64_t)t * a.out_nb2 + (int64_t)(g * a.n_rep + h) * a.out_nb1) + d;
+        if (a.out_vec) {
+            *(float4 *)orow = make_float4(r[0], r[1], r[2], r[3]);
+        } else {
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                orow[e] = r[e];
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -760,14 +830,15 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     const int wbps = be->att_mma_bps > 0 ? be->att_mma_bps : bps; /* BERTH_CUDA_ATT_MMA_BPS: tuning runs */
     int ns = adm_splits(be, kvb, base, wbps, bn);
     const int ns_ws = adm_splits(be, cap, base, wbps, bn); /* the workspace is sized for the capacity bound */
+    const bool mk = be->att_merge_kernel != 0; /* no counters needed */
     if (reserve_only) { /* the capture sizes by the table's capacity: reserve that now (no growth while capturing) */
         ns = ns_ws;
-        if (ns == 0 || (ns > 1 && base > CU_ATT_COUNTERS))
+        if (ns == 0 || (ns > 1 && !mk && base > CU_ATT_COUNTERS))
             return BERTH_OK;
     }
     if (ns == 0 || ns_ws == 0)
         return BERTH_OK;
-    if (ns > 1 && base > CU_ATT_COUNTERS)
+    if (ns > 1 && !mk && base > CU_ATT_COUNTERS)
         return BERTH_OK; /* more (sequence, KV head) pairs than counters: the other kernels serve it */
     int64_t per_max = (kvb + ns - 1) / ns;
     per_max = (per_max + bn - 1) / bn * bn;
@@ -777,7 +848,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     const int bt_n = (int)((per_max + kv->block_size - 1) / kv->block_size + 1);
     const size_t smem = adm_smem(dp, bt_n);
     const int64_t blocks = (int64_t)ns * base;
-    if (blocks > INT32_MAX)
+    const int64_t m_chunks = (n_rep * (DV / 4) + ADM_THREADS - 1) / ADM_THREADS;
+    if (blocks > INT32_MAX || m_chunks * base > INT32_MAX)
         return BERTH_OK;
 
     adm_args a = {};
@@ -809,6 +881,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.bt_n = bt_n;
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
     a.count = s->att_count;
+    a.merge_kernel = mk && ns > 1;
+    a.m_chunks = (int32_t)m_chunks;
     a.late = be->att_late_trigger;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
     if (be->att_prof && !be->capturing) { /* the stream's stamp buffer, zero (here or after the last report) */
@@ -827,8 +901,12 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         if (s->att_prof_cap >= blocks)
             a.prof = s->att_prof;
     }
-    const berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
-                                     "attn_decode_mma_kernel");
+    berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
+                               "attn_decode_mma_kernel");
+    if (st == BERTH_OK && a.merge_kernel)
+        st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)(a.m_chunks * base)), dim3(ADM_THREADS), 0,
+                                    adm_merge_kernel, a),
+                      "adm_merge_kernel");
     if (st == BERTH_OK)
         *ran = true;
     if (st == BERTH_OK && a.prof)

@@ -366,6 +366,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1);
     be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);
     be->att_prof = env_flag(host, "BERTH_CUDA_ATT_PROF", 0);
+    static const env_name merge[] = {{"kernel", 1}, {"last", 0}};
+    be->att_merge_kernel = env_choice(host, "BERTH_CUDA_ATT_MERGE", ENV_NAMES(merge), 1, "'kernel' or 'last'");
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
     be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
     be->skinny_min_m = env_int(host, "BERTH_CUDA_SKINNY", 0, 64, 1, CU_SKINNY_MIN_M,
@@ -374,6 +376,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         be->skinny_min_m = CU_SKINNY_MIN_M;
     be->skinny_max_m = env_int(host, "BERTH_CUDA_SKINNY_MAX", 2, 64, 1, CU_SKINNY_MAX_M, "the largest M in 2..64");
     be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);
+    /* 32: E2B decode on the H200 +2.5-4.7% at 32 sequences, -7% at 64 with 64 (bench/RESULTS.md session 11) */
+    be->skinny_plain = env_int(host, "BERTH_CUDA_SKINNY_PLAIN", 0, 64, 1, CU_SKINNY_PLAIN_M,
+                               "0 (off) or the largest M in 1..64");
     /* Products with their norm (x_pre) on the XH instances above skinny_max_m rows, up to this many: on the H200
      * (bench/RESULTS.md session 9) +3.3% at 32 sequences, -4% at 64, unchanged at 16, so 32 by default */
     be->skinny_xpre = env_int(host, "BERTH_CUDA_SKINNY_XPRE", 0, 64, 1, CU_SKINNY_XPRE_M,

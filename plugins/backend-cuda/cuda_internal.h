@@ -110,6 +110,9 @@ struct berth_backend {
                                  * fit; env BERTH_CUDA_ATT_MMA_BPS=0..8, read at init; tuning runs) */
     int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
                                  * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
+    int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
+                                 * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
+                                 * kernel) */
     int att_prof;               /* attention_decode_mma.cu logs its blocks' phase times per eager call (env
                                  * BERTH_CUDA_ATT_PROF=1; a measurement switch) */
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
@@ -123,6 +126,9 @@ struct berth_backend {
     int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never
                                  * (env BERTH_CUDA_SKINNY: 0 off, 2..64 the bound, read at init; default below) */
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */
+    int skinny_plain;           /* plain products (no norm) above skinny_max_m and up to this many rows: x packed
+                                 * rounded, then the skinny kernel's XH instance (env BERTH_CUDA_SKINNY_PLAIN, 0
+                                 * off; default CU_SKINNY_PLAIN_M) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
     int skinny_xpre;            /* products with an x_pre above skinny_max_m rows and up to this many on
@@ -157,6 +163,7 @@ struct berth_backend {
  * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
 #define CU_SKINNY_MAX_M 16
 #define CU_SKINNY_XPRE_M 32 /* products with an x_pre on matmul_skinny.cu up to this many rows (session 9) */
+#define CU_SKINNY_PLAIN_M 32 /* plain products on its XH instances after a pack up to this many rows (session 11) */
 /* ... except products with K or N at most this, which stay on it up to M = 64, in row groups (the PLE gate and
  * projection at 32 rows: 5.0 / 3.9 us against 7.2 / 4.3 through cuBLAS; bench/RESULTS.md session 8) */
 #define CU_SKINNY_SMALL_KN 512
@@ -301,6 +308,10 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
  * where the fast kernel takes p's rows (*done true); otherwise nothing is enqueued. */
 berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_rms_norm_params *p, void *xb,
                                 int64_t ldb, int bdt, bool *done);
+/* matmul.cu: x's M rows of K into out (ldo elements apart, 16-byte aligned), converted to out_dt (rounded to nearest
+ * even), without p's norm prologue: the cuBLAS path's pack, for matmul_skinny.cu's XH instances. */
+berth_status cu_matmul_pack_x(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K,
+                              void *out, int64_t ldo, int out_dt);
 /* Whether cu_rms_norm_packed would run p (a 16-byte aligned xb assumed). */
 bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *p, int64_t ldb, int bdt);
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out

@@ -597,6 +597,12 @@ static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_ma
     return cu_check(be, e, "matmul: pack_x kernel");
 }
 
+berth_status cu_matmul_pack_x(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K,
+                              void *out, int64_t ldo, int out_dt)
+{
+    return mm_pack_x(be, s, p, false, M, K, out, ldo, out_dt);
+}
+
 /* y from z (M rows of Nz floats, ldz apart) through p's gated epilogue. */
 static berth_status mm_glu(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t Nz,
                            const float *z, int64_t ldz)

@@ -49,6 +49,9 @@
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
  * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
  * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape);
+ * BERTH_CUDA_SKINNY_PLAIN (0 off, else the bound; default CU_SKINNY_PLAIN_M) does the same for products without any
+ * norm, x rounded by matmul.cu's pack (cu_matmul_pack_x) — at 32 rows cheaper than cuBLAS mostly because the
+ * kernels around it keep their PDL overlap;
  * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
  */
 #include "cuda_internal.h"
@@ -759,8 +762,13 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const int64_t ldxh = (K + 7) / 8 * 8;
     const bool xpre = pre && !small && M > be->skinny_max_m && M <= be->skinny_xpre &&
                       opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && cu_rms_norm_packable(be, pre, ldxh, wdt);
+    /* a plain product (no norm of any kind) above skinny_max_m rows, up to be->skinny_plain (BERTH_CUDA_SKINNY_PLAIN):
+     * x rounded to the weight dtype by matmul.cu's pack (the cuBLAS path's own), then the XH instance */
+    const bool plain = !pre && !small && !xpre && M > be->skinny_max_m && M <= be->skinny_plain &&
+                       opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE;
+    const bool xh = xpre || plain;
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
-        (M > be->skinny_max_m && !small && !xpre) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
+        (M > be->skinny_max_m && !small && !xh) || M > SK_MAX_M || K <= 0 || K % 8 != 0 ||
         (wdt != BERTH_DTYPE_BF16 && wdt != BERTH_DTYPE_F16))
         return BERTH_OK;
     const int64_t ldw = N > 1 ? p->w.nb[1] : K * 2;
@@ -779,13 +787,13 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     if (small && be->skinny_mg == 0) /* op bench at M = 32 (bench/RESULTS.md session 8): 8 rows for short K, else 16 */
         mg = (int)(K <= CU_SKINNY_SMALL_KN ? (M > 8 ? 8 : M) : (M > 16 ? 16 : M));
     const int groups = (int)((M + mg - 1) / mg);
-    const int nt = xpre ? (mg <= 32 ? 4 : 8) : sk_nt(mg); /* the XH instances: NT 4 and 8 */
+    const int nt = xh ? (mg <= 32 ? 4 : 8) : sk_nt(mg); /* the XH instances: NT 4 and 8 */
 
     sk_plan pl;
-    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, xpre, &pl))
+    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, xh, &pl))
         return sk_decline(be, M, N, K, "no tiling fits the device");
     while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
-        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xpre, &pl))
+        if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xh, &pl))
             return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
 
@@ -829,6 +837,15 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
             st = cu_rms_norm_packed(be, s, pre, ws, ldxh, wdt, &done);
         if (st == BERTH_OK && !done) /* cu_rms_norm_packable said yes */
             st = cu_fail(be->host, BERTH_E_INTERNAL, "matmul: the skinny kernel's packed norm declined");
+        if (st != BERTH_OK)
+            return st;
+        a.xh = (const uint16_t *)ws;
+        a.ldxh = ldxh;
+    } else if (plain) { /* x rounded to the weight dtype, as the cuBLAS path packs it */
+        void *ws = NULL;
+        berth_status st = cu_stream_ws(be, s, (size_t)(M * ldxh) * 2, &ws);
+        if (st == BERTH_OK)
+            st = cu_matmul_pack_x(be, s, p, M, K, ws, ldxh, wdt);
         if (st != BERTH_OK)
             return st;
         a.xh = (const uint16_t *)ws;
