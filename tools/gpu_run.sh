@@ -34,7 +34,7 @@ case $what in
             tee "$out/tests.log"
         exit $? ;;
     bench)
-        BUILD_DIR=$build sh bench/gpu_gemma4.sh "$@" 2>&1 | tee "$out/bench.log" ;;
+        BUILD_DIR=$build bash bench/gpu_gemma4.sh "$@" 2>&1 | tee "$out/bench.log" ;; # bash: the script uses bash syntax
     shell)
         sh -c "$1" 2>&1 | tee "$out/shell.log" ;;
     *) echo "gpu_run.sh: unknown mode '$what' (tests, bench, shell)" >&2; exit 2 ;;

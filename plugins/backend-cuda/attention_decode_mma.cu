@@ -105,6 +105,10 @@ struct adm_args {
     unsigned long long *prof;  /* BERTH_CUDA_ATT_PROF=1: ADM_STAMPS global-timer stamps per block (NULL: none) */
     int32_t merge_kernel;      /* ns > 1: adm_merge_kernel merges the partials (no counters); 0: the last block */
     int32_t m_chunks;          /* adm_merge_kernel: blocks per (sequence, KV head) */
+    uint16_t *ysh;             /* adm_merge_kernel: NULL, or out rounded to ysh_dt as well, row t at ysh + t * ldysh
+                                * (the stream's x shadow for the o-projection next, cuda_internal.h) */
+    int64_t ldysh;
+    int32_t ysh_dt;
 };
 
 /* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
@@ -645,6 +649,10 @@ __global__ void __launch_bounds__(ADM_THREADS) adm_merge_kernel(const adm_args a
             for (int e = 0; e < 4; e++)
                 orow[e] = r[e];
         }
+        if (a.ysh) /* heads contiguous in a row (the host checked): the row's element (g n_rep + h) DV + d */
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                cu_st(a.ysh, a.ysh_dt, (int64_t)t * a.ldysh + (int64_t)(g * a.n_rep + h) * a.DV + d + e, r[e]);
     }
 }
 
@@ -882,6 +890,17 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.out_vec = (((uintptr_t)a.out | (uint64_t)p->out.nb[1] | (uint64_t)p->out.nb[2]) & 15u) == 0;
     a.count = s->att_count;
     a.merge_kernel = mk && ns > 1;
+    /* the o-projection reads these rows next: the merge rounds them for it (cuda_internal.h, struct cu_xshadow;
+     * the rounding follows the cache's dtype, the usual weight dtype — a product of another dtype packs as before) */
+    if (a.merge_kernel && be->xshadow && T > be->skinny_max_m && T <= be->skinny_plain && p->out.nb[0] == 4 &&
+        p->out.nb[1] == (int64_t)DV * 4) {
+        int64_t ld = 0;
+        a.ysh_dt = f16 ? BERTH_DTYPE_F16 : BERTH_DTYPE_BF16;
+        a.ysh = cu_xshadow_claim_rows(s, (const char *)cu_ptr(&p->out), p->out.nb[2], T, H * DV, a.ysh_dt, &ld);
+        a.ldysh = ld;
+    } else {
+        s->xsh.seq = 0;
+    }
     a.m_chunks = (int32_t)m_chunks;
     a.late = be->att_late_trigger;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */

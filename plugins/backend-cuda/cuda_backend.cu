@@ -297,6 +297,8 @@ static void stream_free(struct berth_stream *s)
         (void)cudaFree(s->att_count);
     if (s->att_prof)
         (void)cudaFree(s->att_prof);
+    if (s->xsh_buf)
+        (void)cudaFree(s->xsh_buf);
     while (s->retired) {
         struct cu_retired *r = s->retired;
         s->retired = r->next;
@@ -376,6 +378,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         be->skinny_min_m = CU_SKINNY_MIN_M;
     be->skinny_max_m = env_int(host, "BERTH_CUDA_SKINNY_MAX", 2, 64, 1, CU_SKINNY_MAX_M, "the largest M in 2..64");
     be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);
+    be->xshadow = env_flag(host, "BERTH_CUDA_XSHADOW", 1);
     /* 32: E2B decode on the H200 +2.5-4.7% at 32 sequences, -7% at 64 with 64 (bench/RESULTS.md session 11) */
     be->skinny_plain = env_int(host, "BERTH_CUDA_SKINNY_PLAIN", 0, 64, 1, CU_SKINNY_PLAIN_M,
                                "0 (off) or the largest M in 1..64");
@@ -527,24 +530,48 @@ static berth_status cuda_supports(berth_backend *be, int32_t op, const void *par
     return cu_fail(be->host, BERTH_E_UNSUPPORTED, "%s", c.msg);
 }
 
+/* The op table's entries: each counts the call on its stream first (berth_stream.op_seq: an x shadow is valid only
+ * for the op right after the one that wrote it, cuda_internal.h). */
+#define CU_COUNTED(op, fn, T)                                                                                  \
+    static berth_status cu_counted_##op(berth_backend *be, berth_stream *s, const T *p)                        \
+    {                                                                                                          \
+        if (s)                                                                                                 \
+            s->op_seq++;                                                                                       \
+        return fn(be, s, p);                                                                                   \
+    }
+CU_COUNTED(matmul, cu_op_matmul_then_norm, berth_matmul_params)
+CU_COUNTED(get_rows, cu_op_get_rows, berth_get_rows_params)
+CU_COUNTED(rms_norm, cu_op_rms_norm, berth_rms_norm_params)
+CU_COUNTED(layer_norm, cu_op_layer_norm, berth_layer_norm_params)
+CU_COUNTED(rope, cu_op_rope, berth_rope_params)
+CU_COUNTED(unary, cu_op_unary, berth_unary_params)
+CU_COUNTED(glu, cu_op_glu, berth_glu_params)
+CU_COUNTED(binary, cu_op_binary, berth_binary_params)
+CU_COUNTED(copy, cu_op_copy, berth_copy_params)
+CU_COUNTED(kv_append, cu_op_kv_append, berth_kv_append_params)
+CU_COUNTED(attention, cu_op_attention, berth_attention_params)
+CU_COUNTED(gated_rms_norm, cu_op_gated_rms_norm, berth_gated_rms_norm_params)
+CU_COUNTED(log_softmax_topk, cu_op_log_softmax_topk, berth_log_softmax_topk_params)
+CU_COUNTED(sample, cu_op_sample, berth_sample_params)
+
 static const berth_ops cuda_ops = {
     .struct_size = BERTH_SIZE_TO(berth_ops, sample),
-    .matmul = cu_op_matmul_then_norm,
-    .get_rows = cu_op_get_rows,
-    .rms_norm = cu_op_rms_norm,
-    .layer_norm = cu_op_layer_norm,
-    .rope = cu_op_rope,
-    .unary = cu_op_unary,
-    .glu = cu_op_glu,
-    .binary = cu_op_binary,
-    .copy = cu_op_copy,
-    .kv_append = cu_op_kv_append,
-    .attention = cu_op_attention,
+    .matmul = cu_counted_matmul,
+    .get_rows = cu_counted_get_rows,
+    .rms_norm = cu_counted_rms_norm,
+    .layer_norm = cu_counted_layer_norm,
+    .rope = cu_counted_rope,
+    .unary = cu_counted_unary,
+    .glu = cu_counted_glu,
+    .binary = cu_counted_binary,
+    .copy = cu_counted_copy,
+    .kv_append = cu_counted_kv_append,
+    .attention = cu_counted_attention,
     .conv1d_causal = NULL, /* Qwen3.5's recurrent ops: CPU only for now */
     .gated_delta = NULL,
-    .gated_rms_norm = cu_op_gated_rms_norm,
-    .log_softmax_topk = cu_op_log_softmax_topk,
-    .sample = cu_op_sample,
+    .gated_rms_norm = cu_counted_gated_rms_norm,
+    .log_softmax_topk = cu_counted_log_softmax_topk,
+    .sample = cu_counted_sample,
 };
 
 static const berth_ops *cuda_get_ops(berth_backend *be)
@@ -582,6 +609,8 @@ static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
     if (st == BERTH_OK)
         st = cu_check(be, cudaMemsetAsync(s->att_count, 0, CU_ATT_COUNTERS * sizeof *s->att_count, s->cs),
                       "cudaMemsetAsync");
+    if (st == BERTH_OK && be->compute == CU_COMPUTE_BF16 && be->xshadow) /* cuda_internal.h: struct cu_xshadow */
+        st = cu_check(be, cudaMalloc((void **)&s->xsh_buf, CU_XSH_BYTES), "cudaMalloc (stream x shadow)");
     if (st == BERTH_OK)
         st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
     if (st != BERTH_OK) {

@@ -65,6 +65,19 @@ struct cu_retired {
     struct cu_retired *next;
 };
 
+/* The rounded copy of a product's output that its kernel wrote beside y (matmul_skinny.cu, gated products), so that
+ * the next op, when it is a product over exactly those rows, skips its pack of x: the pack costs a launch and ~4 us
+ * before the down projection at 32 sequences (bench/RESULTS.md session 11). Valid only for the op right after the
+ * one that wrote it (seq == that op's berth_stream.op_seq): any op in between may have rewritten y. */
+struct cu_xshadow {
+    uint64_t seq;          /* op_seq of the op that wrote it; 0: none */
+    const char *row0;      /* y's row 0 (fp32, K contiguous floats), rows row_nb bytes apart */
+    int64_t row_nb, M, K;
+    int64_t ld;            /* elements between rows of berth_stream.xsh_buf */
+    int dt;                /* BERTH_DTYPE_BF16 / F16: what it was rounded to (nearest even, as the pack rounds) */
+};
+#define CU_XSH_BYTES ((size_t)4 << 20) /* per stream: 64 rows of K <= 32768 */
+
 struct berth_stream {
     struct berth_stream *prev, *next;
     cudaStream_t cs;
@@ -81,6 +94,9 @@ struct berth_stream {
     unsigned long long *att_prof; /* device: BERTH_CUDA_ATT_PROF's stamps (attention_decode_mma.cu), att_prof_cap
                                    * blocks' worth, zero before each profiled call; NULL until the switch needs it */
     int64_t att_prof_cap;
+    uint64_t op_seq;            /* ops called on this stream (cuda_backend.cu's op table counts them) */
+    uint16_t *xsh_buf;          /* device: CU_XSH_BYTES for xsh (BF16 compute mode; else NULL) */
+    struct cu_xshadow xsh;
 };
 
 #define CU_ATT_COUNTERS 4096
@@ -129,6 +145,8 @@ struct berth_backend {
     int skinny_plain;           /* plain products (no norm) above skinny_max_m and up to this many rows: x packed
                                  * rounded, then the skinny kernel's XH instance (env BERTH_CUDA_SKINNY_PLAIN, 0
                                  * off; default CU_SKINNY_PLAIN_M) */
+    int xshadow;                /* gated products on matmul_skinny.cu write the stream's x shadow for the next product
+                                 * (env BERTH_CUDA_XSHADOW=1|0, read at init; default 1) */
     int skinny_small;           /* small products (CU_SKINNY_SMALL_KN) above skinny_max_m rows on matmul_skinny.cu too
                                  * (env BERTH_CUDA_SKINNY_SMALL=1|0, read at init; default 1) */
     int skinny_xpre;            /* products with an x_pre above skinny_max_m rows and up to this many on
@@ -312,6 +330,17 @@ berth_status cu_rms_norm_packed(berth_backend *be, berth_stream *s, const berth_
  * even), without p's norm prologue: the cuBLAS path's pack, for matmul_skinny.cu's XH instances. */
 berth_status cu_matmul_pack_x(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K,
                               void *out, int64_t ldo, int out_dt);
+/* matmul.cu: the stream's shadow of p's x (M rows of K, rounded to dt) when the op before this one wrote exactly
+ * those rows, with *ld its row pitch in elements; NULL otherwise. */
+const uint16_t *cu_xshadow_match(const berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K, int dt,
+                                 int64_t *ld);
+/* matmul.cu: claims the shadow for this op's output y (M rows of N fp32), to be rounded to dt by the caller's
+ * kernel into the returned buffer (row pitch *ld); NULL (and the shadow cleared) when y's rows are not evenly
+ * spaced contiguous fp32 or do not fit. */
+uint16_t *cu_xshadow_claim(berth_stream *s, const berth_tensor *y, int64_t M, int64_t N, int dt, int64_t *ld);
+/* The same for M rows of N contiguous fp32 at row0, nb bytes apart (an output that is no single tensor view). */
+uint16_t *cu_xshadow_claim_rows(berth_stream *s, const char *row0, int64_t nb, int64_t M, int64_t N, int dt,
+                                int64_t *ld);
 /* Whether cu_rms_norm_packed would run p (a 16-byte aligned xb assumed). */
 bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *p, int64_t ldb, int bdt);
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out

@@ -597,6 +597,64 @@ static berth_status mm_pack_x(berth_backend *be, berth_stream *s, const berth_ma
     return cu_check(be, e, "matmul: pack_x kernel");
 }
 
+/* Row 0 and the row pitch of t's first M rows when they are evenly spaced rows of K contiguous f32; false otherwise. */
+static bool mm_rows_even(const berth_tensor *t, int64_t M, int64_t K, const char **row0, int64_t *nb)
+{
+    if (t->dtype != BERTH_DTYPE_F32 || t->nb[0] != 4 || t->ne[0] != K || M < 1)
+        return false;
+    const cu_rows r = cu_rows_of(t);
+    *row0 = cu_row(r, 0);
+    *nb = M > 1 ? (int64_t)(cu_row(r, 1) - *row0) : 0;
+    for (int64_t m = 2; m < M; m++)
+        if (cu_row(r, m) != *row0 + m * *nb)
+            return false;
+    return true;
+}
+
+const uint16_t *cu_xshadow_match(const berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K, int dt,
+                                 int64_t *ld)
+{
+    const cu_xshadow *x = &s->xsh;
+    const char *row0 = NULL;
+    int64_t nb = 0;
+    if (!s->xsh_buf || x->seq == 0 || x->seq + 1 != s->op_seq || x->M != M || x->K != K || x->dt != dt ||
+        !mm_rows_even(&p->x, M, K, &row0, &nb) || row0 != x->row0 || (M > 1 && nb != x->row_nb))
+        return NULL;
+    *ld = x->ld;
+    return s->xsh_buf;
+}
+
+uint16_t *cu_xshadow_claim(berth_stream *s, const berth_tensor *y, int64_t M, int64_t N, int dt, int64_t *ld)
+{
+    const char *row0 = NULL;
+    int64_t nb = 0;
+    if (!mm_rows_even(y, M, N, &row0, &nb)) {
+        s->xsh.seq = 0;
+        return NULL;
+    }
+    return cu_xshadow_claim_rows(s, row0, nb, M, N, dt, ld);
+}
+
+uint16_t *cu_xshadow_claim_rows(berth_stream *s, const char *row0, int64_t nb, int64_t M, int64_t N, int dt,
+                                int64_t *ld)
+{
+    cu_xshadow *x = &s->xsh;
+    x->seq = 0;
+    const int64_t ldy = (N + 7) / 8 * 8; /* the pack's pitch: 16-byte rows */
+    if (!s->xsh_buf || (dt != BERTH_DTYPE_BF16 && dt != BERTH_DTYPE_F16) || M < 1 ||
+        (size_t)(M * ldy) * 2 > CU_XSH_BYTES)
+        return NULL;
+    x->seq = s->op_seq;
+    x->row0 = row0;
+    x->row_nb = nb;
+    x->M = M;
+    x->K = N;
+    x->ld = ldy;
+    x->dt = dt;
+    *ld = ldy;
+    return s->xsh_buf;
+}
+
 berth_status cu_matmul_pack_x(berth_backend *be, berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K,
                               void *out, int64_t ldo, int out_dt)
 {

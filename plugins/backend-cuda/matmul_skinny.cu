@@ -126,6 +126,10 @@ struct sk_args {
     int32_t xvec;             /* every x row 16-byte aligned: 16-byte x loads */
     const uint16_t *xh;       /* XH instances: x rounded to the weight dtype, row m at xh + m * ldxh (16-byte rows) */
     int64_t ldxh;
+    uint16_t *ysh;            /* NULL, or y rounded to ysh_dt as well, row m at ysh + m * ldysh (the stream's x
+                               * shadow, cuda_internal.h: the next product's x without a pack) */
+    int64_t ldysh;
+    int32_t ysh_dt;
 };
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -521,6 +525,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         if (a.accumulate)
             v += yr[n];
         yr[n] = v;
+        if (a.ysh)
+            cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
     }
     if (splits > 1)
         cg::this_cluster().sync(); /* no block may leave while another still reads its shared memory */
@@ -841,19 +847,37 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
             return st;
         a.xh = (const uint16_t *)ws;
         a.ldxh = ldxh;
-    } else if (plain) { /* x rounded to the weight dtype, as the cuBLAS path packs it */
-        void *ws = NULL;
-        berth_status st = cu_stream_ws(be, s, (size_t)(M * ldxh) * 2, &ws);
-        if (st == BERTH_OK)
-            st = cu_matmul_pack_x(be, s, p, M, K, ws, ldxh, wdt);
-        if (st != BERTH_OK)
-            return st;
-        a.xh = (const uint16_t *)ws;
-        a.ldxh = ldxh;
+    } else if (plain) { /* x rounded to the weight dtype: the previous product's shadow of it, or packed here as
+                         * the cuBLAS path packs it */
+        int64_t ld = 0;
+        const uint16_t *sh = be->xshadow ? cu_xshadow_match(s, p, M, K, wdt, &ld) : NULL;
+        if (sh) {
+            a.xh = sh;
+            a.ldxh = ld;
+        } else {
+            void *ws = NULL;
+            berth_status st = cu_stream_ws(be, s, (size_t)(M * ldxh) * 2, &ws);
+            if (st == BERTH_OK)
+                st = cu_matmul_pack_x(be, s, p, M, K, ws, ldxh, wdt);
+            if (st != BERTH_OK)
+                return st;
+            a.xh = (const uint16_t *)ws;
+            a.ldxh = ldxh;
+        }
     } else if (pre) { /* x_pre: the norm first (the kernel reads its output as x) */
         const berth_status st = cu_op_rms_norm(be, s, pre);
         if (st != BERTH_OK)
             return st;
+    }
+    /* a gated product's output is the input of the MLP's down projection next: round it once here, where that
+     * product takes the XH instances (the plain path: not a small product, so its K = Nout is above
+     * CU_SKINNY_SMALL_KN; a small gated product such as the PLE gate feeds a small one, which reads f32) */
+    if (be->xshadow && glu != BERTH_GLU_NONE && !small && Nout > CU_SKINNY_SMALL_KN && M > be->skinny_max_m &&
+        M <= be->skinny_plain) {
+        int64_t ld = 0;
+        a.ysh = cu_xshadow_claim(s, &p->y, M, Nout, wdt, &ld);
+        a.ldysh = ld;
+        a.ysh_dt = wdt;
     }
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */

@@ -849,6 +849,8 @@ berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const be
      * cuBLAS (its rounded copy of the product's input) */
     const berth_status st =
         cu_matmul_run(be, s, p, yn ? &done : NULL, fuse ? &xp : NULL, xn && !fuse && !skip ? xn : NULL);
+    if (yn && s)
+        s->xsh.seq = 0; /* y is normalised after the product: the shadow of the raw product is no copy of it */
     if (yn && skip)
         return st;
     return st == BERTH_OK && yn && !done ? cu_op_rms_norm(be, s, yn) : st;

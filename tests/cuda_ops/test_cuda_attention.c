@@ -1180,6 +1180,74 @@ START_TEST(attention_decode_matches_cpu)
 }
 END_TEST
 
+/* ---- decode attention, then a product over its output (the o-projection) ------------------------------------
+ *
+ * In BF16 mode at 17..32 sequences the tensor-core decode kernel's split merge also writes its output rounded for
+ * the product that reads it next, which then skips its own pack of x (cuda_internal.h, struct cu_xshadow). The
+ * product must see what the attention op wrote, and after an op in between (between = 1: out *= 2 in place;
+ * 2: a product over other rows) the current rows, never a stale copy (that would be off by all of y). The 24
+ * sequences of dec_cases[3]; the GPU's attention output differs from the CPU's within its bound, the product
+ * over K = H * DV = 2048 with weights in [-0.2, 0.2] carries that difference, |y| is about 0.5. */
+static void att_product_run(int between)
+{
+    const struct dec_case *dc = &dec_cases[3];
+    struct dec_state st;
+    dec_setup(dc, 0, &st);
+    const int H = dc->n_kvh * dc->n_rep, T = dc->n_seqs;
+    const int64_t K = (int64_t)H * dc->DV, N = 384;
+    int max_kv = 0;
+    for (int s = 0; s < T; s++)
+        max_kv = dc->kv_len[s] > max_kv ? dc->kv_len[s] : max_kv;
+    struct hx_tensor W = hx_new(BERTH_DTYPE_BF16, K, N, 0, 0), Y = hx_new(BERTH_DTYPE_F32, N, T, 0, 0);
+    struct hx_tensor X3 = hx_new(BERTH_DTYPE_F32, K, T, 0, 0), Y3 = hx_new(BERTH_DTYPE_F32, N, T, 0, 0);
+    hx_rand(&W, -0.2f, 0.2f);
+    hx_rand(&X3, -0.5f, 0.5f);
+    berth_attention_params ap[2];
+    berth_matmul_params mp[2], other[2];
+    berth_unary_params twice[2];
+    for (int side = 0; side < 2; side++) {
+        ap[side] = dec_params(dc, &st, side, max_kv);
+        memset(&mp[side], 0, sizeof mp[side]);
+        mp[side].struct_size = sizeof mp[side];
+        mp[side].x = hx_view(&st.out, side, 0, K, T, 1, 1, K, K * T, K * T);
+        mp[side].w = W.t[side];
+        mp[side].y = Y.t[side];
+        other[side] = mp[side];
+        other[side].x = X3.t[side];
+        other[side].y = Y3.t[side];
+        memset(&twice[side], 0, sizeof twice[side]);
+        twice[side].struct_size = sizeof twice[side];
+        twice[side].act = BERTH_ACT_IDENTITY;
+        twice[side].in_scale = 1.0f;
+        twice[side].out_scale = 2.0f;
+        twice[side].x = st.out.t[side];
+        twice[side].y = st.out.t[side];
+    }
+    char what[200];
+    snprintf(what, sizeof what, "attention (%d seqs, d%d) then a product over its output, between = %d", T, dc->D,
+             between);
+    hx_run_both(BERTH_OP_ATTENTION, &ap[HX_CPU], &ap[HX_GPU], what);
+    if (between == 1)
+        hx_run_both(BERTH_OP_UNARY, &twice[HX_CPU], &twice[HX_GPU], what);
+    if (between == 2)
+        hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
+    hx_run_both(BERTH_OP_MATMUL, &mp[HX_CPU], &mp[HX_GPU], what);
+    hx_expect_close(&Y, 0.05, 0.02, what);
+    if (between == 2)
+        hx_expect_close(&Y3, 0.05, 0.02, what);
+    hx_free(&W);
+    hx_free(&Y);
+    hx_free(&X3);
+    hx_free(&Y3);
+    dec_free(&st);
+}
+
+START_TEST(attention_then_product_matches_cpu)
+{
+    att_product_run(_i);
+}
+END_TEST
+
 /* ---- kv_append, then attention right behind it (attention_decode.cu, "Reads before the PDL wait") ------------
  *
  * The decode kernels read the K/V of keys OLDER than the batch's own rows before their PDL wait, while the kernel
@@ -1500,6 +1568,7 @@ static Suite *make_suite(void)
     tcase_add_test(tc, kv_append_slot_past_pool_skipped);
     tcase_add_test(tc, attention_supports_limits);
     tcase_add_loop_test(tc, attention_decode_matches_cpu, 0, N_DEC_CASES);
+    tcase_add_loop_test(tc, attention_then_product_matches_cpu, 0, 3);
     suite_add_tcase(s, tc);
     /* kv_append and attention back to back, no host sync between them (CK_RUN_CASE=append_attention) */
     tc = tcase_create("append_attention");

@@ -1693,6 +1693,87 @@ START_TEST(test_matmul_x_pre)
 }
 END_TEST
 
+/* A gated product's output straight into the next product (an MLP's gate|up -> down), at the row counts where the
+ * CUDA backend's skinny kernel writes a rounded copy of y for the next op to use instead of packing x again
+ * (BF16 mode, 17..32 rows: cuda_internal.h, struct cu_xshadow). between = 1 puts an in-place y *= 2 between the
+ * two products and between = 2 a product over other rows: the second product must then read the current y, not a
+ * stale copy (a stale one is off by the whole of z, far past the bound). */
+struct xs_case {
+    int64_t M, K, N, K2; /* gate|up: K -> N (w has 2N rows); down: N -> K2 */
+    int between;
+};
+
+static const struct xs_case xs_cases[] = {
+    {24, 1536, 2048, 1536, 0}, {32, 1536, 6144, 1536, 0}, {17, 264, 1032, 520, 0},
+    {32, 1536, 2048, 1536, 1}, {24, 1536, 2048, 1536, 2}, {8, 1536, 2048, 1536, 0}, {48, 1536, 2048, 1536, 0},
+};
+#define N_XS_CASES ((int)(sizeof xs_cases / sizeof xs_cases[0]))
+
+static void xs_run(const struct xs_case *c)
+{
+    const int64_t M = c->M, K = c->K, N = c->N, K2 = c->K2;
+    char what[160];
+    snprintf(what, sizeof what, "gated product -> product M=%lld K=%lld N=%lld K2=%lld between=%d", (long long)M,
+             (long long)K, (long long)N, (long long)K2, c->between);
+    struct hx_tensor X = hx_new(F32, K, M, 0, 0), W = hx_new(BF16, K, 2 * N, 0, 0), Y = hx_new(F32, N, M, 0, 0);
+    struct hx_tensor W2 = hx_new(BF16, N, K2, 0, 0), Z = hx_new(F32, K2, M, 0, 0);
+    struct hx_tensor X3 = hx_new(F32, N, M, 0, 0), Z3 = hx_new(F32, K2, M, 0, 0);
+    hx_rand(&X, -1.0f, 1.0f);
+    hx_rand(&W, -0.05f, 0.05f);
+    hx_rand(&W2, -0.05f, 0.05f);
+    hx_rand(&X3, -1.0f, 1.0f);
+    berth_matmul_params up[2], down[2], other[2];
+    berth_unary_params twice[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&up[s], 0, sizeof up[s]);
+        up[s].struct_size = sizeof up[s];
+        up[s].x = X.t[s];
+        up[s].w = W.t[s];
+        up[s].y = Y.t[s];
+        up[s].y_glu = BERTH_GLU_HALVES;
+        up[s].y_glu_act = BERTH_ACT_GELU_TANH;
+        memset(&down[s], 0, sizeof down[s]);
+        down[s].struct_size = sizeof down[s];
+        down[s].x = Y.t[s];
+        down[s].w = W2.t[s];
+        down[s].y = Z.t[s];
+        other[s] = down[s];
+        other[s].x = X3.t[s];
+        other[s].y = Z3.t[s];
+        memset(&twice[s], 0, sizeof twice[s]);
+        twice[s].struct_size = sizeof twice[s];
+        twice[s].act = BERTH_ACT_IDENTITY;
+        twice[s].in_scale = 1.0f;
+        twice[s].out_scale = 2.0f;
+        twice[s].x = Y.t[s];
+        twice[s].y = Y.t[s];
+    }
+    hx_run_both(BERTH_OP_MATMUL, &up[HX_CPU], &up[HX_GPU], what);
+    if (c->between == 1)
+        hx_run_both(BERTH_OP_UNARY, &twice[HX_CPU], &twice[HX_GPU], what);
+    if (c->between == 2)
+        hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
+    hx_run_both(BERTH_OP_MATMUL, &down[HX_CPU], &down[HX_GPU], what);
+    /* |y| and |z| about 0.3-1 here; x rounded to bf16 on the way into each product (2^-9 relative per term) */
+    hx_expect_close(&Y, 3e-2, 2e-2, what);
+    hx_expect_close(&Z, 3e-2, 2e-2, what);
+    if (c->between == 2)
+        hx_expect_close(&Z3, 3e-2, 2e-2, what);
+    hx_free(&X);
+    hx_free(&W);
+    hx_free(&Y);
+    hx_free(&W2);
+    hx_free(&Z);
+    hx_free(&X3);
+    hx_free(&Z3);
+}
+
+START_TEST(test_matmul_gated_then_product)
+{
+    xs_run(&xs_cases[_i]);
+}
+END_TEST
+
 /* --------------------------------------------------------------------------------------------------------------- */
 
 static Suite *make_suite(void)
@@ -1708,6 +1789,7 @@ static Suite *make_suite(void)
     tcase_add_loop_test(tc, test_matmul_y_norm, 0, N_YN_CASES);
     tcase_add_test(tc, test_matmul_y_norm_graph);
     tcase_add_loop_test(tc, test_matmul_x_pre, 0, N_XP_CASES);
+    tcase_add_loop_test(tc, test_matmul_gated_then_product, 0, N_XS_CASES);
     suite_add_tcase(s, tc);
     tc = tcase_create("norm");
     tcase_set_timeout(tc, 120);
