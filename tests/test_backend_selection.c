@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "registry.h"
 #include "test_registry_support.h"
+#include "check_run.h"
 
 static char *tmp, *plugdir, *ckdir;
 static berth_checkpoint *ck;
@@ -444,9 +445,5 @@ static Suite *selection_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(selection_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(selection_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

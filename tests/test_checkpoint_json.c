@@ -1,6 +1,7 @@
 /* test_checkpoint_json.c — config.json path lookups through the checkpoint services: every JSON type, arrays
  * inside objects and objects inside arrays, and the exact messages for missing paths and type mismatches. */
 #include "test_checkpoint_util.h"
+#include "check_run.h"
 
 static char *dir;
 static berth_checkpoint *ck;
@@ -234,9 +235,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

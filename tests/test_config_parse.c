@@ -11,6 +11,7 @@
 #include "config.h"
 #include "errors.h"
 #include "test_registry_support.h"
+#include "check_run.h"
 
 static char *tmp;
 
@@ -468,9 +469,5 @@ static Suite *config_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(config_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(config_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

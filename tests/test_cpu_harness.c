@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "test_cpu_harness.h"
+#include "check_run.h"
 
 /* ---------------------------------------------------------------------------------------------------------------
  * Harness: host table, plugin, backend. */
@@ -344,9 +345,5 @@ int cpu_test_run(const char *name, void (*add_tests)(TCase *tc))
     tcase_set_timeout(tc, 120);
     add_tests(tc);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    const int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

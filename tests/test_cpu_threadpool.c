@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "threadpool.h"
+#include "check_run.h"
 
 #define MAX_THREADS 8
 
@@ -447,9 +448,5 @@ int main(void)
     tcase_add_test(tc, test_nested_run_is_serial);
     tcase_add_test(tc, test_two_host_threads_share_a_pool);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    const int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(su, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

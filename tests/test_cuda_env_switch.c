@@ -6,6 +6,7 @@
 
 #include <check.h>
 #include <stdlib.h>
+#include "check_run.h"
 
 START_TEST(test_int_accepts_digits_in_range)
 {
@@ -80,9 +81,5 @@ static Suite *make_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(make_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    const int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(make_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -7,6 +7,7 @@
 
 #include "berth.h"
 #include "test_gemma4_fixture.h"
+#include "check_run.h"
 
 #define MAXQ 8
 #define GEN 6
@@ -280,10 +281,7 @@ int main(void)
     tcase_add_test(tc, test_overload_and_cancel);
     tcase_add_test(tc, test_create_errors);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = check_run(su, 0);
     free(fixture_dir);
     free(cfg_path);
     return failed ? 1 : 0;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include "check_run.h"
 
 static const char *berth_bin, *config_path;
 static char model_dir[1024];
@@ -380,9 +381,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_generate_logprobs);
     tcase_add_test(tc, test_prompts_file_logprobs);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(su, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -32,6 +32,7 @@
 #include "registry.h"
 #include "runner.h"
 #include "scheduler.h"
+#include "check_run.h"
 
 #define V 16
 #define BS 4
@@ -692,9 +693,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_sched_states);
     tcase_add_test(tc, test_sched_preemption);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(su, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -13,6 +13,7 @@
 #include "prompt_text.h"
 #include "scheduler.h"
 #include "test_gemma4_fixture.h"
+#include "check_run.h"
 
 #define GEN 8
 
@@ -609,10 +610,7 @@ int main(void)
     tcase_add_test(tc, test_seeded_alone_equals_batched);
     tcase_add_test(tc, test_stop_strings);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = check_run(su, 0);
     free(tiny_dir);
     return failed ? 1 : 0;
 }

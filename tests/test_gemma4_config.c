@@ -18,6 +18,7 @@
 
 #include "gemma4_config.h"
 #include "gemma4_rope.h"
+#include "check_run.h"
 
 /* ------------------------------------------------------------------------------------------------------------
  * Fake host */
@@ -1594,9 +1595,5 @@ static Suite *gemma4_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(gemma4_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(gemma4_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

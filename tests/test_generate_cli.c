@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "test_gemma4_fixture.h"
+#include "check_run.h"
 
 static const char *berth_bin, *config_path;
 
@@ -626,10 +627,7 @@ int main(int argc, char **argv)
     else
         printf("note: no Gemma 4 fixtures yet: the reference checks of the CLI are not run\n");
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = check_run(su, 0);
     g4_free_list(fixture_dirs, n_fixtures);
     return failed ? 1 : 0;
 }

@@ -10,6 +10,7 @@
 
 #include "errors.h"
 #include "kv_cache.h"
+#include "check_run.h"
 
 /* ---- a host-memory backend: alloc/free/copy/fill ---- */
 struct fbuf {
@@ -481,9 +482,5 @@ int main(void)
     tcase_add_test(tc, test_state_slots_and_snapshots);
     tcase_add_loop_test(tc, test_random_shared_invariants, 0, 4);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

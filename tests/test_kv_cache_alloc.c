@@ -7,6 +7,7 @@
 
 #include "errors.h"
 #include "kv_cache.h"
+#include "check_run.h"
 
 /* A backend that only allocates: records what the cache asks for. */
 static int n_live_buffers;
@@ -414,9 +415,5 @@ static Suite *kv_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(kv_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(kv_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

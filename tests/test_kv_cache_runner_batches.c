@@ -17,6 +17,7 @@
 #include "errors.h"
 #include "kv_cache.h"
 #include "runner.h"
+#include "check_run.h"
 
 #define VOCAB 32
 #define MAX_POS 64
@@ -538,9 +539,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

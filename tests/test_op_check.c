@@ -7,9 +7,11 @@
  */
 #include <check.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "op_check.h"
+#include "check_run.h"
 
 /* A fake device buffer: an address the checks may only use for alignment, never read. */
 struct berth_buffer {
@@ -263,9 +265,5 @@ int main(void)
     tcase_add_test(tc, test_exec_buffer_facts);
     tcase_add_test(tc, test_exec_kv_pools);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    const int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return check_run(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "registry.h"
 #include "test_registry_support.h"
+#include "check_run.h"
 
 /* Offsets the messages quote; the ABI layout test pins them, this only keeps the strings below honest. */
 _Static_assert(BERTH_SIZE_TO(berth_plugin_desc, vtable) == 56, "descriptor size quoted below");
@@ -356,9 +357,5 @@ static Suite *conformance_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(conformance_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(conformance_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

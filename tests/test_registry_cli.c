@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "test_registry_support.h"
+#include "check_run.h"
 
 static char *tmp, *plugdir, *berth;
 
@@ -324,9 +325,5 @@ static Suite *cli_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(cli_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(cli_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -14,6 +14,7 @@
 #include "errors.h"
 #include "host_services.h"
 #include "test_registry_support.h"
+#include "check_run.h"
 
 typedef void (*any_fn)(void);
 
@@ -209,9 +210,5 @@ static Suite *services_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(services_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(services_suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

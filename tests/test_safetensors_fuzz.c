@@ -7,6 +7,7 @@
 #include "safetensors.h"
 
 #include <stdint.h>
+#include "check_run.h"
 
 static uint64_t rng;
 static uint64_t next_rand(void)
@@ -154,9 +155,5 @@ int main(void)
     tcase_set_timeout(tc, 20);
     tcase_add_test(tc, corrupted_files_fail_cleanly);
     suite_add_tcase(s, tc);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -3,6 +3,7 @@
 #include "test_checkpoint_util.h"
 
 #include <stdint.h>
+#include "check_run.h"
 
 static char *dir;
 
@@ -376,9 +377,5 @@ static Suite *suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+    return check_run(suite(), 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -10,6 +10,7 @@
  * Exits 77 while tests/fixtures/gemma4/tiny is absent. */
 #include "scheduler.h"
 #include "test_gemma4_fixture.h"
+#include "check_run.h"
 
 #define BLOCK 4
 #define CHUNK 8
@@ -255,10 +256,7 @@ int main(void)
     tcase_add_test(tc, test_long_generation_bounded_sliding);
     tcase_add_test(tc, test_whole_charge_waits_instead_of_preempting);
     suite_add_tcase(su, tc);
-    SRunner *sr = srunner_create(su);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = check_run(su, 0);
     free(tiny_dir);
     return failed ? 1 : 0;
 }

@@ -19,6 +19,7 @@
 #include "chat_template.h"
 #include "errors.h"
 #include "tokenizer.h"
+#include "check_run.h"
 
 static const char *berth_bin, *config_path;
 static char tiny[1024];
@@ -275,9 +276,5 @@ int main(int argc, char **argv)
     tcase_add_test(tc, chat_piped);
     tcase_add_test(tc, text_errors);
     suite_add_tcase(s, tc);
-    SRunner *r = srunner_create(s);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
-    return failed ? 1 : 0;
+    return check_run(s, 0) ? EXIT_FAILURE : EXIT_SUCCESS;
 }

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "check_run.h"
 
 static char g_tmp[256];
 
@@ -211,11 +212,7 @@ int main(void)
     tcase_add_test(tc, stream_holds_partial_utf8);
     tcase_add_test(tc, malformed_files);
     suite_add_tcase(s, tc);
-    SRunner *r = srunner_create(s);
-    srunner_set_fork_status(r, CK_NOFORK);
-    srunner_run_all(r, CK_NORMAL);
-    int failed = srunner_ntests_failed(r);
-    srunner_free(r);
+    const int failed = check_run(s, 1);
     unlink(g_tmp);
     return failed ? 1 : 0;
 }

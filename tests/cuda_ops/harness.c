@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "../check_run.h"
 
 struct hx *hx;
 char hx_last_error[512];
@@ -406,11 +407,7 @@ int hx_main(int argc, char **argv, Suite *(*make_suite)(void))
     printf("seed %" PRIu64 " (HX_SEED=%" PRIu64 " repeats this run), CUDA compute %s\n", hx->seed, hx->seed,
            compute_mode);
     fflush(stdout);
-    SRunner *sr = srunner_create(make_suite());
-    srunner_set_fork_status(sr, CK_NOFORK);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
+    const int failed = check_run(make_suite(), 1); /* never forked: CUDA must not cross a fork */
     for (int s = 0; s < 2; s++) {
         hx->side[s].vt->stream_destroy(hx->side[s].be, hx->side[s].s);
         hx->side[s].vt->destroy(hx->side[s].be);
