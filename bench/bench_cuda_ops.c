@@ -1215,19 +1215,19 @@ static void bench_layer(struct dev *d, double peak_gbs)
         printf("  PDL check: skipped (BERTH_CUDA_PDL=0 already)\n");
     } else {
         struct dev off;
+        setenv("BERTH_CUDA_PDL", "0", 1); /* read by the second backend when it starts, just below */
         dev_open(&off);
+        if (pdl)
+            setenv("BERTH_CUDA_PDL", pdl, 1);
+        else
+            unsetenv("BERTH_CUDA_PDL");
         struct layers a, b;
         rng = rng0;
         layers_build(d, &a, 4, attn, wpat, npat, kvpat);
         rng = rng0;
         layers_build(&off, &b, 4, attn, wpat, npat, kvpat);
-        setenv("BERTH_CUDA_PDL", "0", 1); /* read by the second backend at its first launch, just below */
         layer_enqueue(&off, &b, 0);
         dev_sync(&off);
-        if (pdl)
-            setenv("BERTH_CUDA_PDL", pdl, 1);
-        else
-            unsetenv("BERTH_CUDA_PDL");
         layer_enqueue(d, &a, 0);
         for (int i = 1; i < 12; i++) { /* 3 direct passes over the 4 layers */
             layer_enqueue(d, &a, i % 4);

@@ -351,6 +351,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->n_sms = prop.multiProcessorCount;
     be->smem_optin = prop.sharedMemPerBlockOptin;
     /* The measurement and test switches (docs/config.md), read once here. */
+    be->pdl = env_flag(host, "BERTH_CUDA_PDL", 1) ? CU_PDL_ON : CU_PDL_OFF;
     be->att_split_keys =
         env_int(host, "BERTH_CUDA_ATT_SPLIT_KEYS", 16, 4096, 16, 16, "a multiple of 16 in 16..4096");
     static const env_name att_decode[] = {{"auto", CU_ATT_DECODE_AUTO}, {"mma", CU_ATT_DECODE_MMA},

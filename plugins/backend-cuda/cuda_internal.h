@@ -117,8 +117,9 @@ struct berth_backend {
     size_t smem_optin;          /* most dynamic shared memory a block may opt in to */
     int capturing;              /* a graph capture is in progress on some stream (see the top comment) */
     struct opck_backend ck;     /* what the shared checks need to know about this backend */
-    int pdl;                    /* programmatic dependent launch for cu_launch (cuda_launch.cuh): 0 not decided
-                                 * yet, CU_PDL_OFF or CU_PDL_ON (env BERTH_CUDA_PDL=0 turns it off) */
+    int pdl;                    /* programmatic dependent launch for cu_launch (cuda_launch.cuh): CU_PDL_ON or
+                                 * CU_PDL_OFF (env BERTH_CUDA_PDL=1|0, read at init; a refused PDL launch turns it
+                                 * off) */
     int att_split_keys;         /* decode attention: fewest keys per split (env BERTH_CUDA_ATT_SPLIT_KEYS, read at
                                  * init; default 16) */
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */

@@ -38,8 +38,8 @@
  * 04-special-topics/programmatic-dependent-launch.html), and cudaGraphDependencyTypeProgrammatic /
  * cudaGraphKernelNodePortProgrammatic in driver_types.h (edge types of kernel-to-kernel graph edges).
  *
- * Switch: BERTH_CUDA_PDL=0 in the environment launches every kernel normally (read once per backend, at its first
- * launch), so both can be measured. A PDL launch that is refused (a driver without it) is retried without the
+ * Switch: BERTH_CUDA_PDL=0 in the environment launches every kernel normally (read when the backend starts, as the
+ * other switches: cuda_backend.cu), so both can be measured. A PDL launch that is refused (a driver without it) is retried without the
  * attribute, and PDL is then switched off for the backend with a warning in the log.
  */
 #ifndef BERTH_CUDA_LAUNCH_CUH
@@ -72,12 +72,8 @@ __device__ __forceinline__ void cu_pdl_trigger()
 
 /* ---- host side ---- */
 
-static inline bool cu_pdl_enabled(berth_backend *be)
+static inline bool cu_pdl_enabled(const berth_backend *be)
 {
-    if (be->pdl == 0) {
-        const char *e = getenv("BERTH_CUDA_PDL");
-        be->pdl = e && strcmp(e, "0") == 0 ? CU_PDL_OFF : CU_PDL_ON;
-    }
     return be->pdl == CU_PDL_ON;
 }
 

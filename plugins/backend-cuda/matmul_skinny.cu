@@ -873,7 +873,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
      * product takes the XH instances (the plain path: not a small product, so its K = Nout is above
      * CU_SKINNY_SMALL_KN; a small gated product such as the PLE gate feeds a small one, which reads f32) */
     if (be->xshadow && glu != BERTH_GLU_NONE && !small && Nout > CU_SKINNY_SMALL_KN && M > be->skinny_max_m &&
-        M <= be->skinny_plain) {
+        M <= be->skinny_plain && a.xh != s->xsh_buf) { /* not while this kernel reads the buffer as its x */
         int64_t ld = 0;
         a.ysh = cu_xshadow_claim(s, &p->y, M, Nout, wdt, &ld);
         a.ldysh = ld;

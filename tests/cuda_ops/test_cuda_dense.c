@@ -1697,7 +1697,9 @@ END_TEST
  * CUDA backend's skinny kernel writes a rounded copy of y for the next op to use instead of packing x again
  * (BF16 mode, 17..32 rows: cuda_internal.h, struct cu_xshadow). between = 1 puts an in-place y *= 2 between the
  * two products and between = 2 a product over other rows: the second product must then read the current y, not a
- * stale copy (a stale one is off by the whole of z, far past the bound). */
+ * stale copy (a stale one is off by the whole of z, far past the bound). between = 3 puts a second gated product
+ * over y between them (y -> y2, then y2 -> z): it reads the copy of y and must not write its own copy of y2 over
+ * the buffer it is reading. */
 struct xs_case {
     int64_t M, K, N, K2; /* gate|up: K -> N (w has 2N rows); down: N -> K2 */
     int between;
@@ -1706,6 +1708,7 @@ struct xs_case {
 static const struct xs_case xs_cases[] = {
     {24, 1536, 2048, 1536, 0}, {32, 1536, 6144, 1536, 0}, {17, 264, 1032, 520, 0},
     {32, 1536, 2048, 1536, 1}, {24, 1536, 2048, 1536, 2}, {8, 1536, 2048, 1536, 0}, {48, 1536, 2048, 1536, 0},
+    {24, 1536, 2048, 1536, 3},
 };
 #define N_XS_CASES ((int)(sizeof xs_cases / sizeof xs_cases[0]))
 
@@ -1718,11 +1721,13 @@ static void xs_run(const struct xs_case *c)
     struct hx_tensor X = hx_new(F32, K, M, 0, 0), W = hx_new(BF16, K, 2 * N, 0, 0), Y = hx_new(F32, N, M, 0, 0);
     struct hx_tensor W2 = hx_new(BF16, N, K2, 0, 0), Z = hx_new(F32, K2, M, 0, 0);
     struct hx_tensor X3 = hx_new(F32, N, M, 0, 0), Z3 = hx_new(F32, K2, M, 0, 0);
+    struct hx_tensor WG = hx_new(BF16, N, 2 * N, 0, 0), Y2 = hx_new(F32, N, M, 0, 0);
     hx_rand(&X, -1.0f, 1.0f);
+    hx_rand(&WG, -0.05f, 0.05f);
     hx_rand(&W, -0.05f, 0.05f);
     hx_rand(&W2, -0.05f, 0.05f);
     hx_rand(&X3, -1.0f, 1.0f);
-    berth_matmul_params up[2], down[2], other[2];
+    berth_matmul_params up[2], down[2], other[2], up2[2];
     berth_unary_params twice[2];
     for (int s = 0; s < 2; s++) {
         memset(&up[s], 0, sizeof up[s]);
@@ -1740,6 +1745,12 @@ static void xs_run(const struct xs_case *c)
         other[s] = down[s];
         other[s].x = X3.t[s];
         other[s].y = Z3.t[s];
+        up2[s] = up[s];
+        up2[s].x = Y.t[s];
+        up2[s].w = WG.t[s];
+        up2[s].y = Y2.t[s];
+        if (c->between == 3)
+            down[s].x = Y2.t[s];
         memset(&twice[s], 0, sizeof twice[s]);
         twice[s].struct_size = sizeof twice[s];
         twice[s].act = BERTH_ACT_IDENTITY;
@@ -1753,13 +1764,19 @@ static void xs_run(const struct xs_case *c)
         hx_run_both(BERTH_OP_UNARY, &twice[HX_CPU], &twice[HX_GPU], what);
     if (c->between == 2)
         hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
+    if (c->between == 3)
+        hx_run_both(BERTH_OP_MATMUL, &up2[HX_CPU], &up2[HX_GPU], what);
     hx_run_both(BERTH_OP_MATMUL, &down[HX_CPU], &down[HX_GPU], what);
     /* |y| and |z| about 0.3-1 here; x rounded to bf16 on the way into each product (2^-9 relative per term) */
     hx_expect_close(&Y, 3e-2, 2e-2, what);
     hx_expect_close(&Z, 3e-2, 2e-2, what);
     if (c->between == 2)
         hx_expect_close(&Z3, 3e-2, 2e-2, what);
+    if (c->between == 3)
+        hx_expect_close(&Y2, 3e-2, 2e-2, what);
     hx_free(&X);
+    hx_free(&WG);
+    hx_free(&Y2);
     hx_free(&W);
     hx_free(&Y);
     hx_free(&W2);
