@@ -22,21 +22,22 @@
  *   quarters in a fixed order, scale/softcap/mask in log2 units, keep the head's running max and sum, write P^T
  *   rounded to the MMA type and each head's rescale factor; (C) each warp rescales and accumulates its quarter of
  *   the output dims: O^T += V^T (ldmatrix.trans) P^T.
- * Splits: each block writes its partial (unnormalised O, max, sum) to the stream's workspace; adm_merge_kernel, launched
- * right after (PDL), merges them in split order (deterministic), applies the gate and writes the output, spread over
- * the GPU. BERTH_CUDA_ATT_MERGE=last keeps the older way: each block counts itself in a per-(sequence, KV head)
- * counter of the stream (release/acquire at GPU scope, as gemv_norm.cuh) and the block that arrives last resets the
- * counter and merges. With one split the block writes the output directly.
+ * Splits: each block writes its partial (unnormalised O, max, sum) to the stream's workspace; adm_merge_kernel,
+ * launched right after (PDL), merges them in split order (deterministic), applies the gate and writes the output,
+ * spread over the GPU. BERTH_CUDA_ATT_MERGE=last keeps the older way: each block counts itself in a per-(sequence,
+ * KV head) counter of the stream (release/acquire at GPU scope, as gemv_norm.cuh) and the block that arrives last
+ * resets the counter and merges. With one split the block writes the output directly.
  *
  * Arithmetic (the contract of attention.cu's tensor-core prefill, held by tests/cuda_ops/test_cuda_attention.c's
  * bound in BF16 mode): q and P rounded to the cache's type (nearest even), K and V used as stored; scale, softcap,
  * mask, the online softmax (exp2 of scores in log2 units), the sums of the ROUNDED P values and the merge in fp32.
  *
  * Robustness as attention.cu (metadata is device data, never read back): a sequence whose seq_q_start range is
- * not inside [0, T] is skipped, seq_kv_len is clamped to the block table's row, keys whose block-table entry is not
- * a block of the pool are zero-filled and masked (never dereferenced), rows that see no key write zeros. A split
- * never takes more than the launch's bound of keys (per_max): keys beyond it, possible only when max_kv_len
- * understated the lengths, are dropped rather than read past the table window in shared memory.
+ * not inside [0, T] is skipped (its rows of out, and of the x shadow the merge writes, keep what they held),
+ * seq_kv_len is clamped to the block table's row, keys whose block-table entry is not a block of the pool are
+ * zero-filled and masked (never dereferenced), rows that see no key write zeros. A split never takes more than the
+ * launch's bound of keys (per_max): keys beyond it, possible only when max_kv_len understated the lengths, are
+ * dropped rather than read past the table window in shared memory.
  */
 #include "attention_args.cuh"
 #include "cuda_device.cuh"
@@ -928,6 +929,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
                       "adm_merge_kernel");
     if (st == BERTH_OK)
         *ran = true;
+    else if (a.ysh)
+        s->xsh.seq = 0; /* claimed, never (completely) written */
     if (st == BERTH_OK && a.prof)
         return adm_prof_report(be, s, a, (int)blocks, dp);
     return st;

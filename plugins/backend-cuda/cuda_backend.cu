@@ -819,6 +819,7 @@ static berth_status cuda_buffer_upload(berth_backend *be, berth_stream *s, berth
         return cu_fail(be->host, BERTH_E_INVALID, "cuda: buffer_upload: src is NULL");
     if ((st = cu_enter(be)) != BERTH_OK)
         return st;
+    s->xsh.seq = 0; /* cuda_internal.h, struct cu_xshadow: stream work that is no op ends a shadow's life */
     st = cu_check(be, cudaMemcpyAsync((char *)dst->ptr + offset, src, nbytes, cudaMemcpyDefault, s->cs),
                     "cudaMemcpyAsync (upload)");
     if (st != BERTH_OK)
@@ -861,6 +862,7 @@ static berth_status cuda_buffer_copy(berth_backend *be, berth_stream *s, berth_b
         return st;
     if ((st = cu_enter(be)) != BERTH_OK)
         return st;
+    s->xsh.seq = 0;
     return cu_check(be,
                       cudaMemcpyAsync((char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset, nbytes,
                                       cudaMemcpyDefault, s->cs),
@@ -875,6 +877,7 @@ static berth_status cuda_buffer_fill(berth_backend *be, berth_stream *s, berth_b
         return st;
     if ((st = cu_enter(be)) != BERTH_OK)
         return st;
+    s->xsh.seq = 0;
     if (dst->pinned) {
         /* Staging memory is host memory: keep stream order by waiting for earlier work, then fill on the CPU. */
         st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (fill)");
@@ -902,6 +905,7 @@ static berth_status cuda_graph_begin(berth_backend *be, berth_stream *s)
     berth_status st = cu_enter(be);
     if (st != BERTH_OK)
         return st;
+    s->xsh.seq = 0; /* a captured op must not read a shadow an eager op wrote (nor the reverse, at graph_end) */
     st = cu_check(be, cudaStreamBeginCapture(s->cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     if (st == BERTH_OK)
         be->capturing = 1;
@@ -916,6 +920,7 @@ static berth_status cuda_graph_end(berth_backend *be, berth_stream *s, berth_gra
         return cu_fail(be->host, BERTH_E_INVALID, "cuda: graph_end: no capture in progress");
     *out = NULL;
     be->capturing = 0;
+    s->xsh.seq = 0;
     (void)cudaSetDevice(be->device);
     cudaGraph_t graph = NULL;
     berth_status st = cu_check(be, cudaStreamEndCapture(s->cs, &graph), "cudaStreamEndCapture");
@@ -943,6 +948,7 @@ static berth_status cuda_graph_launch(berth_backend *be, berth_stream *s, berth_
     berth_status st = cu_enter(be);
     if (st != BERTH_OK)
         return st;
+    s->xsh.seq = 0; /* the graph rewrites the shadow buffer and the rows an eager shadow would stand for */
     return cu_check(be, cudaGraphLaunch(g->exec, s->cs), "cudaGraphLaunch");
 }
 

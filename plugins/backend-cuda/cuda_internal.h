@@ -68,7 +68,10 @@ struct cu_retired {
 /* The rounded copy of a product's output that its kernel wrote beside y (matmul_skinny.cu, gated products), so that
  * the next op, when it is a product over exactly those rows, skips its pack of x: the pack costs a launch and ~4 us
  * before the down projection at 32 sequences (bench/RESULTS.md session 11). Valid only for the op right after the
- * one that wrote it (seq == that op's berth_stream.op_seq): any op in between may have rewritten y. */
+ * one that wrote it (seq == that op's berth_stream.op_seq): any op in between may have rewritten y; uploads,
+ * copies, fills and graph begin / end / launch on the stream clear it, as does a failed launch of its writer. A
+ * write to y from ANOTHER stream between the two ops is not seen: the ABI orders streams only through events,
+ * and a host that writes an op's output from elsewhere before the next op reads it breaks stream order anyway. */
 struct cu_xshadow {
     uint64_t seq;          /* op_seq of the op that wrote it; 0: none */
     const char *row0;      /* y's row 0 (fp32, K contiguous floats), rows row_nb bytes apart */

@@ -887,5 +887,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
         *ran = true;
+    else if (a.ysh)
+        s->xsh.seq = 0; /* claimed, never written */
     return st;
 }

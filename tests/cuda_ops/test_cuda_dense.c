@@ -1699,7 +1699,8 @@ END_TEST
  * two products and between = 2 a product over other rows: the second product must then read the current y, not a
  * stale copy (a stale one is off by the whole of z, far past the bound). between = 3 puts a second gated product
  * over y between them (y -> y2, then y2 -> z): it reads the copy of y and must not write its own copy of y2 over
- * the buffer it is reading. */
+ * the buffer it is reading. between = 4 uploads new rows into y between them (no op, but stream work that
+ * rewrites y: the copy is dead). */
 struct xs_case {
     int64_t M, K, N, K2; /* gate|up: K -> N (w has 2N rows); down: N -> K2 */
     int between;
@@ -1708,7 +1709,7 @@ struct xs_case {
 static const struct xs_case xs_cases[] = {
     {24, 1536, 2048, 1536, 0}, {32, 1536, 6144, 1536, 0}, {17, 264, 1032, 520, 0},
     {32, 1536, 2048, 1536, 1}, {24, 1536, 2048, 1536, 2}, {8, 1536, 2048, 1536, 0}, {48, 1536, 2048, 1536, 0},
-    {24, 1536, 2048, 1536, 3},
+    {24, 1536, 2048, 1536, 3}, {32, 1536, 2048, 1536, 4},
 };
 #define N_XS_CASES ((int)(sizeof xs_cases / sizeof xs_cases[0]))
 
@@ -1766,6 +1767,8 @@ static void xs_run(const struct xs_case *c)
         hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
     if (c->between == 3)
         hx_run_both(BERTH_OP_MATMUL, &up2[HX_CPU], &up2[HX_GPU], what);
+    if (c->between == 4)
+        hx_rand(&Y, -0.5f, 0.5f); /* both sides, by buffer_upload on each side's stream */
     hx_run_both(BERTH_OP_MATMUL, &down[HX_CPU], &down[HX_GPU], what);
     /* |y| and |z| about 0.3-1 here; x rounded to bf16 on the way into each product (2^-9 relative per term) */
     hx_expect_close(&Y, 3e-2, 2e-2, what);
