@@ -7,7 +7,9 @@
 #   tools/gpu_prepare.sh --slim     # the same, then move the object folders (*.p) out to BUILD_DIR.objs/, and
 #                                   # the test executables no GPU-suite test runs (tests.json) to
 #                                   # BUILD_DIR.objs/tests-bin/: the carry limit is 64 MiB with the tracked tree
-#                                   # (~30 MB) included; config files and folders in BUILD_DIR/tests stay
+#                                   # (~30 MB) included; config files and folders in BUILD_DIR/tests stay. The
+#                                   # CUDA plugin (~27 MB) is carried as plugins/berth-backend-cuda.so.xz (~10 MB;
+#                                   # tools/gpu_run.sh unpacks it there), the .so itself waits in BUILD_DIR.stash/
 #   tools/gpu_prepare.sh --restore  # move them back (BEFORE the next ninja run: ninja would rebuild everything)
 #
 # .devcarry/lib: the shared libraries the GPU image has no package for (inih, pcre2, utf8proc, subunit; jansson
@@ -42,7 +44,17 @@ move_test_bins() { # BUILD OBJS: executables in BUILD/tests that no GPU test run
         case "$keep" in *" $(basename "$f") "*) ;; *) mv "$f" "$2/tests-bin/" ;; esac
     done
 }
+stash=$build.stash
+cuda_so=$build/plugins/berth-backend-cuda.so
+unstash() { # the CUDA plugin back from the stash (its .xz removed: it would be stale after a rebuild)
+    if [ -f "$stash/berth-backend-cuda.so" ]; then
+        mv "$stash/berth-backend-cuda.so" "$cuda_so"
+        rm -f "$cuda_so.xz"
+    fi
+    rmdir "$stash" 2>/dev/null || true
+}
 if [ "${1:-}" = --restore ]; then
+    unstash
     if [ -d "$objs/tests-bin" ]; then
         mv "$objs"/tests-bin/* "$build/tests/" 2>/dev/null || true
         rm -rf "$objs/tests-bin"
@@ -51,6 +63,7 @@ if [ "${1:-}" = --restore ]; then
     echo "gpu_prepare: object folders back in $build"
     exit 0
 fi
+unstash
 if [ -d "$objs" ]; then # a previous --slim: back before building
     if [ -d "$objs/tests-bin" ]; then
         mv "$objs"/tests-bin/* "$build/tests/" 2>/dev/null || true
@@ -89,7 +102,13 @@ printf '%s' "$commit" > .devcarry/COMMIT
 if [ "${1:-}" = --slim ]; then
     move_objs "$build" "$objs"
     move_test_bins "$build" "$objs"
-    echo "gpu_prepare: object folders and non-GPU test executables moved to $objs (--restore brings them back)"
+    if [ -f "$cuda_so" ]; then
+        xz -9e -T0 -c "$cuda_so" > "$cuda_so.xz"
+        mkdir -p "$stash"
+        mv "$cuda_so" "$stash/"
+    fi
+    echo "gpu_prepare: object folders and non-GPU test executables moved to $objs, the CUDA plugin packed" \
+        "(--restore brings them back)"
 fi
 du -sh "$build" .devcarry
 echo "gpu_prepare: $build and .devcarry ready (commit $commit)"

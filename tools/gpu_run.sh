@@ -19,6 +19,11 @@ if [ "$(readlink -f /work/main 2>/dev/null)" != "$(readlink -f "$root")" ]; then
     mkdir -p /work && rm -rf /work/main && ln -s "$root" /work/main
 fi
 export LD_LIBRARY_PATH="$root/.devcarry/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# tools/gpu_prepare.sh --slim carries the CUDA plugin packed: unpack it beside its .xz (every call: the carried
+# folder replaces the machine's copy each time)
+for x in "$build"/plugins/*.so.xz; do
+    [ -e "$x" ] && xz -dkf "$x"
+done
 commit=$(cat .devcarry/COMMIT 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)
 export COMMIT="$commit"
 {
