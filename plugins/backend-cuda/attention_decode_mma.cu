@@ -893,14 +893,11 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.merge_kernel = mk && ns > 1;
     /* the o-projection reads these rows next: the merge rounds them for it (cuda_internal.h, struct cu_xshadow;
      * the rounding follows the cache's dtype, the usual weight dtype — a product of another dtype packs as before) */
-    if (a.merge_kernel && be->xshadow && T > be->skinny_max_m && T <= be->skinny_plain && p->out.nb[0] == 4 &&
-        p->out.nb[1] == (int64_t)DV * 4) {
+    if (a.merge_kernel && p->out.nb[0] == 4 && p->out.nb[1] == (int64_t)DV * 4) {
         int64_t ld = 0;
         a.ysh_dt = f16 ? BERTH_DTYPE_F16 : BERTH_DTYPE_BF16;
-        a.ysh = cu_xshadow_claim_rows(s, (const char *)cu_ptr(&p->out), p->out.nb[2], T, H * DV, a.ysh_dt, &ld);
+        a.ysh = cu_xshadow_claim_rows(be, s, (const char *)cu_ptr(&p->out), p->out.nb[2], T, H * DV, a.ysh_dt, &ld);
         a.ldysh = ld;
-    } else {
-        s->xsh.seq = 0;
     }
     a.m_chunks = (int32_t)m_chunks;
     a.late = be->att_late_trigger;

@@ -339,12 +339,14 @@ berth_status cu_matmul_pack_x(berth_backend *be, berth_stream *s, const berth_ma
 const uint16_t *cu_xshadow_match(const berth_stream *s, const berth_matmul_params *p, int64_t M, int64_t K, int dt,
                                  int64_t *ld);
 /* matmul.cu: claims the shadow for this op's output y (M rows of N fp32), to be rounded to dt by the caller's
- * kernel into the returned buffer (row pitch *ld); NULL (and the shadow cleared) when y's rows are not evenly
- * spaced contiguous fp32 or do not fit. */
-uint16_t *cu_xshadow_claim(berth_stream *s, const berth_tensor *y, int64_t M, int64_t N, int dt, int64_t *ld);
+ * kernel into the returned buffer (row pitch *ld); NULL (and the shadow cleared) when the shadow is off
+ * (be->xshadow), M is outside the row range whose products read it, y's rows are not evenly spaced contiguous
+ * fp32, or they do not fit. */
+uint16_t *cu_xshadow_claim(const berth_backend *be, berth_stream *s, const berth_tensor *y, int64_t M, int64_t N,
+                           int dt, int64_t *ld);
 /* The same for M rows of N contiguous fp32 at row0, nb bytes apart (an output that is no single tensor view). */
-uint16_t *cu_xshadow_claim_rows(berth_stream *s, const char *row0, int64_t nb, int64_t M, int64_t N, int dt,
-                                int64_t *ld);
+uint16_t *cu_xshadow_claim_rows(const berth_backend *be, berth_stream *s, const char *row0, int64_t nb, int64_t M,
+                                int64_t N, int dt, int64_t *ld);
 /* Whether cu_rms_norm_packed would run p (a 16-byte aligned xb assumed). */
 bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *p, int64_t ldb, int bdt);
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out

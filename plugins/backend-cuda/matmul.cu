@@ -624,7 +624,8 @@ const uint16_t *cu_xshadow_match(const berth_stream *s, const berth_matmul_param
     return s->xsh_buf;
 }
 
-uint16_t *cu_xshadow_claim(berth_stream *s, const berth_tensor *y, int64_t M, int64_t N, int dt, int64_t *ld)
+uint16_t *cu_xshadow_claim(const berth_backend *be, berth_stream *s, const berth_tensor *y, int64_t M, int64_t N,
+                           int dt, int64_t *ld)
 {
     const char *row0 = NULL;
     int64_t nb = 0;
@@ -632,17 +633,18 @@ uint16_t *cu_xshadow_claim(berth_stream *s, const berth_tensor *y, int64_t M, in
         s->xsh.seq = 0;
         return NULL;
     }
-    return cu_xshadow_claim_rows(s, row0, nb, M, N, dt, ld);
+    return cu_xshadow_claim_rows(be, s, row0, nb, M, N, dt, ld);
 }
 
-uint16_t *cu_xshadow_claim_rows(berth_stream *s, const char *row0, int64_t nb, int64_t M, int64_t N, int dt,
-                                int64_t *ld)
+uint16_t *cu_xshadow_claim_rows(const berth_backend *be, berth_stream *s, const char *row0, int64_t nb, int64_t M,
+                                int64_t N, int dt, int64_t *ld)
 {
     cu_xshadow *x = &s->xsh;
     x->seq = 0;
     const int64_t ldy = (N + 7) / 8 * 8; /* the pack's pitch: 16-byte rows */
-    if (!s->xsh_buf || (dt != BERTH_DTYPE_BF16 && dt != BERTH_DTYPE_F16) || M < 1 ||
-        (size_t)(M * ldy) * 2 > CU_XSH_BYTES)
+    /* only where a reader exists: matmul_skinny.cu's plain products (skinny_max_m < M <= skinny_plain) */
+    if (!be->xshadow || M <= be->skinny_max_m || M > be->skinny_plain || !s->xsh_buf ||
+        (dt != BERTH_DTYPE_BF16 && dt != BERTH_DTYPE_F16) || (size_t)(M * ldy) * 2 > CU_XSH_BYTES)
         return NULL;
     x->seq = s->op_seq;
     x->row0 = row0;

@@ -850,7 +850,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     } else if (plain) { /* x rounded to the weight dtype: the previous product's shadow of it, or packed here as
                          * the cuBLAS path packs it */
         int64_t ld = 0;
-        const uint16_t *sh = be->xshadow ? cu_xshadow_match(s, p, M, K, wdt, &ld) : NULL;
+        const uint16_t *sh = cu_xshadow_match(s, p, M, K, wdt, &ld); /* NULL with the shadow off: no buffer */
         if (sh) {
             a.xh = sh;
             a.ldxh = ld;
@@ -870,12 +870,13 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
             return st;
     }
     /* a gated product's output is the input of the MLP's down projection next: round it once here, where that
-     * product takes the XH instances (the plain path: not a small product, so its K = Nout is above
-     * CU_SKINNY_SMALL_KN; a small gated product such as the PLE gate feeds a small one, which reads f32) */
-    if (be->xshadow && glu != BERTH_GLU_NONE && !small && Nout > CU_SKINNY_SMALL_KN && M > be->skinny_max_m &&
-        M <= be->skinny_plain && a.xh != s->xsh_buf) { /* not while this kernel reads the buffer as its x */
+     * product takes the XH instances (the plain path; the claim checks its row range. Not a small product, so its
+     * K = Nout is above CU_SKINNY_SMALL_KN: a small gated product such as the PLE gate feeds a small one, which
+     * reads f32) */
+    if (glu != BERTH_GLU_NONE && !small && Nout > CU_SKINNY_SMALL_KN &&
+        a.xh != s->xsh_buf) { /* not while this kernel reads the buffer as its x */
         int64_t ld = 0;
-        a.ysh = cu_xshadow_claim(s, &p->y, M, Nout, wdt, &ld);
+        a.ysh = cu_xshadow_claim(be, s, &p->y, M, Nout, wdt, &ld);
         a.ldysh = ld;
         a.ysh_dt = wdt;
     }
