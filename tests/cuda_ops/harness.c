@@ -456,3 +456,18 @@ void hx_run_both(int32_t op, const void *p_cpu, const void *p_gpu, const char *w
     ck_assert_msg(st == BERTH_OK, "%s: cuda op failed (%d): %s", what, (int)st, hx_last_error);
     hx_sync();
 }
+
+void hx_scale_both(const struct hx_tensor *t, float k, const char *what)
+{
+    berth_unary_params p[2];
+    for (int s = 0; s < 2; s++) {
+        memset(&p[s], 0, sizeof p[s]);
+        p[s].struct_size = sizeof p[s];
+        p[s].act = BERTH_ACT_IDENTITY;
+        p[s].in_scale = 1.0f;
+        p[s].out_scale = k;
+        p[s].x = t->t[s];
+        p[s].y = t->t[s];
+    }
+    hx_run_both(BERTH_OP_UNARY, &p[HX_CPU], &p[HX_GPU], what);
+}

@@ -81,6 +81,8 @@ berth_tensor hx_view(const struct hx_tensor *t, int side, int64_t off, int64_t n
                      int64_t ne3, int64_t nb1, int64_t nb2, int64_t nb3);
 /* Run op on both sides (params per side) and wait; both must succeed (a check failure names `what`). */
 void hx_run_both(int32_t op, const void *p_cpu, const void *p_gpu, const char *what);
+/* t *= k in place on both sides, as the UNARY op (an op that rewrites t between two others). */
+void hx_scale_both(const struct hx_tensor *t, float k, const char *what);
 
 /* Deterministic random source seeded from hx->seed (per call sequence). */
 uint64_t hx_rand_u64(void);

@@ -1204,7 +1204,6 @@ static void att_product_run(int between)
     hx_rand(&X3, -0.5f, 0.5f);
     berth_attention_params ap[2];
     berth_matmul_params mp[2], other[2];
-    berth_unary_params twice[2];
     for (int side = 0; side < 2; side++) {
         ap[side] = dec_params(dc, &st, side, max_kv);
         memset(&mp[side], 0, sizeof mp[side]);
@@ -1215,20 +1214,13 @@ static void att_product_run(int between)
         other[side] = mp[side];
         other[side].x = X3.t[side];
         other[side].y = Y3.t[side];
-        memset(&twice[side], 0, sizeof twice[side]);
-        twice[side].struct_size = sizeof twice[side];
-        twice[side].act = BERTH_ACT_IDENTITY;
-        twice[side].in_scale = 1.0f;
-        twice[side].out_scale = 2.0f;
-        twice[side].x = st.out.t[side];
-        twice[side].y = st.out.t[side];
     }
     char what[200];
     snprintf(what, sizeof what, "attention (%d seqs, d%d) then a product over its output, between = %d", T, dc->D,
              between);
     hx_run_both(BERTH_OP_ATTENTION, &ap[HX_CPU], &ap[HX_GPU], what);
     if (between == 1)
-        hx_run_both(BERTH_OP_UNARY, &twice[HX_CPU], &twice[HX_GPU], what);
+        hx_scale_both(&st.out, 2.0f, what);
     if (between == 2)
         hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
     hx_run_both(BERTH_OP_MATMUL, &mp[HX_CPU], &mp[HX_GPU], what);

@@ -1729,7 +1729,6 @@ static void xs_run(const struct xs_case *c)
     hx_rand(&W2, -0.05f, 0.05f);
     hx_rand(&X3, -1.0f, 1.0f);
     berth_matmul_params up[2], down[2], other[2], up2[2];
-    berth_unary_params twice[2];
     for (int s = 0; s < 2; s++) {
         memset(&up[s], 0, sizeof up[s]);
         up[s].struct_size = sizeof up[s];
@@ -1752,17 +1751,10 @@ static void xs_run(const struct xs_case *c)
         up2[s].y = Y2.t[s];
         if (c->between == 3)
             down[s].x = Y2.t[s];
-        memset(&twice[s], 0, sizeof twice[s]);
-        twice[s].struct_size = sizeof twice[s];
-        twice[s].act = BERTH_ACT_IDENTITY;
-        twice[s].in_scale = 1.0f;
-        twice[s].out_scale = 2.0f;
-        twice[s].x = Y.t[s];
-        twice[s].y = Y.t[s];
     }
     hx_run_both(BERTH_OP_MATMUL, &up[HX_CPU], &up[HX_GPU], what);
     if (c->between == 1)
-        hx_run_both(BERTH_OP_UNARY, &twice[HX_CPU], &twice[HX_GPU], what);
+        hx_scale_both(&Y, 2.0f, what);
     if (c->between == 2)
         hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
     if (c->between == 3)
