@@ -171,7 +171,7 @@ _Static_assert(offsetof(berth_kv_view, n_blocks) == 80, "berth_kv_view.n_blocks 
 _Static_assert(offsetof(berth_kv_view, n_kv_heads) == 84, "berth_kv_view.n_kv_heads moved");
 _Static_assert(offsetof(berth_kv_view, head_dim) == 88, "berth_kv_view.head_dim moved");
 _Static_assert(offsetof(berth_kv_view, head_dim_v) == 92, "berth_kv_view.head_dim_v moved");
-_Static_assert(sizeof(berth_kv_append_params) == 744, "berth_kv_append_params size changed");
+_Static_assert(sizeof(berth_kv_append_params) == 928, "berth_kv_append_params size changed");
 _Static_assert(offsetof(berth_kv_append_params, struct_size) == 0, "berth_kv_append_params.struct_size moved");
 _Static_assert(offsetof(berth_kv_append_params, k_norm_mode) == 4, "berth_kv_append_params.k_norm_mode moved");
 _Static_assert(offsetof(berth_kv_append_params, v_norm_mode) == 8, "berth_kv_append_params.v_norm_mode moved");
@@ -188,6 +188,10 @@ _Static_assert(offsetof(berth_kv_append_params, v_norm) == 384, "berth_kv_append
 _Static_assert(offsetof(berth_kv_append_params, positions) == 472, "berth_kv_append_params.positions moved");
 _Static_assert(offsetof(berth_kv_append_params, rope_freqs) == 560, "berth_kv_append_params.rope_freqs moved");
 _Static_assert(offsetof(berth_kv_append_params, kv) == 648, "berth_kv_append_params.kv moved");
+_Static_assert(offsetof(berth_kv_append_params, q_norm_mode) == 744, "berth_kv_append_params.q_norm_mode moved");
+_Static_assert(offsetof(berth_kv_append_params, reserved1) == 748, "berth_kv_append_params.reserved1 moved");
+_Static_assert(offsetof(berth_kv_append_params, q) == 752, "berth_kv_append_params.q moved");
+_Static_assert(offsetof(berth_kv_append_params, q_norm) == 840, "berth_kv_append_params.q_norm moved");
 _Static_assert(sizeof(berth_attention_params) == 744, "berth_attention_params size changed");
 _Static_assert(offsetof(berth_attention_params, struct_size) == 0, "berth_attention_params.struct_size moved");
 _Static_assert(offsetof(berth_attention_params, mask) == 4, "berth_attention_params.mask moved");

@@ -187,6 +187,98 @@ static void kv_append_case(berth_dtype kdt, int kmode, int vmode, int rope_mode,
     tt_free(&pos);
 }
 
+/* The query side (ABI 0.5): kv_append with q writes over q exactly what rms_norm with the same weight, eps and
+ * RoPE writes (byte for byte), for every token including a skipped slot's, leaves the bytes between q's rows
+ * alone, and stores K/V as without it. Bad q shapes and a missing weight fail with their reason. */
+static void kv_append_q_case(int qmode, int rope_mode, int32_t n_pairs, int32_t pair_offset)
+{
+    const int32_t BS = 4, NB = 6, HKV = 2, HD = 32, HDV = 16, T = 5, HQ = 6;
+    struct pool pl = pool_new(BERTH_DTYPE_BF16, NB, BS, HKV, HD, HDV), pl2 = pool_new(BERTH_DTYPE_BF16, NB, BS, HKV,
+                                                                                      HD, HDV);
+    memcpy(pl2.mem.host, pl.mem.host, pl.mem.bytes);
+    struct tt k = tt_new(BERTH_DTYPE_F32, HD, HKV, T, 1, 1), v = tt_new(BERTH_DTYPE_F32, HDV, HKV, T, 1, 0);
+    struct tt q = tt_new(BERTH_DTYPE_F32, HD, HQ, T, 1, 3), ref = tt_new(BERTH_DTYPE_F32, HD, HQ, T, 1, 3);
+    struct tt kn = tt_new(BERTH_DTYPE_BF16, HD, 1, 1, 1, 0), qn = tt_new(BERTH_DTYPE_F16, HD, 1, 1, 1, 0);
+    struct tt freqs = tt_new(BERTH_DTYPE_F32, n_pairs ? n_pairs : 1, 1, 1, 1, 0);
+    trand(&k.t, -2, 2);
+    trand(&v.t, -2, 2);
+    trand(&q.t, -2, 2);
+    memcpy(ref.host, q.host, q.bytes);
+    trand(&kn.t, -0.5, 0.5);
+    trand(&qn.t, 0.5, 1.5);
+    trand(&freqs.t, 0.001, 1);
+    int32_t slotv[5] = {3, 9, -1, 17, 22}, posv[5];
+    for (int t = 0; t < T; t++)
+        posv[t] = irand(0, 3000);
+    struct tt slots = ivec(slotv, T), pos = ivec(posv, T);
+    const float eps = 1e-6f;
+    berth_kv_append_params p = {
+        .struct_size = sizeof p, .k_norm_mode = BERTH_NORM_W, .v_norm_mode = BERTH_NORM_UNIT, .eps = eps,
+        .rope_mode = rope_mode, .rope_pair_offset = pair_offset, .rope_n_pairs = n_pairs, .k = k.t, .v = v.t,
+        .slots = slots.t, .k_norm = kn.t, .v_norm = absent, .positions = n_pairs ? pos.t : absent,
+        .rope_freqs = n_pairs ? freqs.t : absent, .kv = pl2.kv};
+    CHECK(ops->kv_append(be, st, &p) == BERTH_OK, "%s", g_last_error); /* without q: the K/V reference */
+    p.kv = pl.kv;
+    p.q = q.t;
+    p.q_norm_mode = qmode;
+    p.q_norm = has_weight(qmode) ? qn.t : absent;
+    ck_assert_int_eq(vt->supports(be, BERTH_OP_KV_APPEND, &p), BERTH_OK);
+    CHECK(ops->kv_append(be, st, &p) == BERTH_OK, "%s", g_last_error);
+    ck_assert_msg(memcmp(pl.mem.host, pl2.mem.host, pl.mem.bytes) == 0, "the pool differs with the query side");
+    berth_rms_norm_params rp = {.struct_size = sizeof rp, .weight_mode = qmode, .resid_mode = BERTH_RESID_NONE,
+                                .eps = eps, .x = ref.t, .w = has_weight(qmode) ? qn.t : absent, .y = ref.t};
+    if (n_pairs) {
+        rp.rope_mode = rope_mode;
+        rp.rope_pair_offset = pair_offset;
+        rp.rope_n_pairs = n_pairs;
+        rp.rope_positions = pos.t;
+        rp.rope_freqs = freqs.t;
+    }
+    if (qmode == BERTH_NORM_W_NONE) /* rms_norm has no "no norm" mode: the rope op is the reference then */
+        ck_assert_msg(n_pairs > 0, "case needs RoPE");
+    if (qmode != BERTH_NORM_W_NONE) {
+        CHECK(ops->rms_norm(be, st, &rp) == BERTH_OK, "%s", g_last_error);
+    } else {
+        berth_rope_params ro = {.struct_size = sizeof ro, .mode = rope_mode, .pair_offset = pair_offset,
+                                .n_pairs = n_pairs, .x = ref.t, .y = ref.t, .positions = pos.t, .freqs = freqs.t};
+        CHECK(ops->rope(be, st, &ro) == BERTH_OK, "%s", g_last_error);
+    }
+    ck_assert_msg(memcmp(q.host, ref.host, q.bytes) == 0, "q after kv_append differs from rms_norm + RoPE");
+
+    berth_kv_append_params bad = p;
+    bad.q.ne[2] = T - 1;
+    expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID,
+                 "kv_append: q must be ne {head_dim 32, n_q_heads, T 5}, got {32, 6, 4, 1}");
+    bad = p;
+    bad.q_norm_mode = BERTH_NORM_W;
+    bad.q_norm = absent;
+    expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID,
+                 "kv_append: q_norm_mode 1 needs the q_norm weight, which is absent");
+    bad = p;
+    bad.q_norm_mode = 9;
+    expect_error(ops->kv_append(be, st, &bad), BERTH_E_UNSUPPORTED, "kv_append: q_norm_mode 9 is not supported");
+    tt_free(&pl.mem);
+    tt_free(&pl2.mem);
+    tt_free(&k);
+    tt_free(&v);
+    tt_free(&q);
+    tt_free(&ref);
+    tt_free(&kn);
+    tt_free(&qn);
+    tt_free(&freqs);
+    tt_free(&slots);
+    tt_free(&pos);
+}
+
+START_TEST(test_kv_append_query_side)
+{
+    kv_append_q_case(BERTH_NORM_W, BERTH_ROPE_HALF, 8, 16);          /* Gemma 4 */
+    kv_append_q_case(BERTH_NORM_W_ONE_PLUS, BERTH_ROPE_INTERLEAVED, 16, 0);
+    kv_append_q_case(BERTH_NORM_UNIT, BERTH_ROPE_HALF, 0, 0);        /* a norm, no rotation */
+    kv_append_q_case(BERTH_NORM_W_NONE, BERTH_ROPE_HALF, 4, 16);     /* a rotation, no norm */
+}
+END_TEST
+
 START_TEST(test_kv_append)
 {
     for (int d = 0; d < 3; d++) {
@@ -371,6 +463,7 @@ END_TEST
 static void add_tests(TCase *tc)
 {
     tcase_add_test(tc, test_kv_append);
+    tcase_add_test(tc, test_kv_append_query_side);
     tcase_add_test(tc, test_attention);
     tcase_add_test(tc, test_attention_bad_metadata);
 }

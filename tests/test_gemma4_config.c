@@ -828,7 +828,9 @@ START_TEST(create_info_layout_requirements)
     ck_assert_int_gt(n, 0);
     /* two attention geometries: hd 16 window 8 and hd 32 window 0, both scale 1 */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ATTENTION), 2);
-    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_KV_APPEND), 2);
+    /* ... stored through kv_append with the query side, whose q view differs between the fused and the separate
+     * projections: 2 x 2 */
+    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_KV_APPEND), 4);
     /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);
@@ -1486,6 +1488,12 @@ START_TEST(forward_wiring)
             ck_assert_uint_eq(c->p.kv.slots.offset, n_app == 2 ? 78u : 77u);
             /* the V norm is weightless: mode UNIT and no weight tensor */
             ck_assert_int_eq(c->p.kv.v_norm_mode, BERTH_NORM_UNIT);
+            /* q-norm + RoPE ride along (ABI 0.5): the layer's q heads, its q_norm weight */
+            ck_assert_ptr_nonnull(c->p.kv.q.buf);
+            ck_assert_int_eq(c->p.kv.q_norm_mode, BERTH_NORM_W);
+            ck_assert_ptr_nonnull(c->p.kv.q_norm.buf);
+            ck_assert_int_eq(c->p.kv.q.ne[0], n_app == 2 ? 32 : 16);
+            ck_assert_int_eq(c->p.kv.q.ne[1], 4);
             ck_assert_ptr_null(c->p.kv.v_norm.buf);
             /* RoPE table of the layer type, pairs and offset per §3.4 */
             const int full = n_app == 2;
@@ -1519,7 +1527,7 @@ START_TEST(forward_wiring)
     /* 3 owners x (q,k,v,o,gate,up,down,ple gate,ple proj) + 3 shared x 7 + PLE model projection + LM head */
     ck_assert_int_eq(n_mm, 3 * 9 + 3 * 7 + 2);
     ck_assert_int_eq(n_scalar, 6); /* every layer: 1.0 (layer 5) is an exact no-op for the backend */
-    ck_assert_int_eq(n_qrope, 6);
+    ck_assert_int_eq(n_qrope, 3); /* the KV-sharing layers' q: the other three ride in kv_append */
 
     /* tail: gather rows 2,3 -> final norm -> tied head (embed_tokens) into logits -> softcap c = 1 */
     const struct call *last = &g_calls[g_ncalls - 1], *mm = &g_calls[g_ncalls - 2];

@@ -321,6 +321,16 @@ typedef struct berth_kv_append_params {
     int32_t reserved0;
     berth_tensor k, v, slots, k_norm, v_norm, positions, rope_freqs;
     berth_kv_view kv;
+    /* ABI 0.4: fields above. Appended in ABI 0.5, optional (absent: q.buf NULL; in supports() queries q.ne[0] ==
+     * 0): the layer's queries q (ne {head_dim, n_q_heads, T}, f32, rows may be strided; its own buffer range,
+     * overlapping none of the other tensors), normalised per head as q_norm_mode says (weight q_norm ne
+     * {head_dim}; W_NONE: no norm) and then rotated with K's rope_* and positions, IN PLACE: exactly what an
+     * rms_norm with the same weight, eps and RoPE would write over q. One launch for a decode step's q-norm +
+     * RoPE and its K/V store instead of two (Gemma 4, Qwen3.5's full attention). */
+    int32_t q_norm_mode;
+    int32_t reserved1;
+    berth_tensor q, q_norm;
+    /* ABI 0.5: fields above. Append below only. */
 } berth_kv_append_params;
 
 /* Mask kinds for ATTENTION. */

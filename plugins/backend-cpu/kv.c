@@ -2,7 +2,9 @@
  * kv.c — kv_append: write the K and V of new tokens into the paged cache, optionally RMS-normalising K (then
  * rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
  * rounded to nearest even). Norm mode W_NONE stores the vector as given, UNIT normalises without a weight.
- * K and V are addressed with their own token/head strides. Negative slots skip their token.
+ * K and V are addressed with their own token/head strides. Negative slots skip their token (its K and V; the
+ * query side, when given, is normalised and rotated in place for every token, with rms_norm's and rope's own row
+ * routines, so the result equals rms_norm with RoPE bit for bit).
  */
 #include <inttypes.h>
 #include <math.h>
@@ -37,6 +39,7 @@ static void kv_store_head(const berth_kv_append_params *p, const float *src, int
 struct kv_ctx {
     const berth_kv_append_params *p;
     berth_backend *be;
+    int has_q; /* the query side (ABI 0.5) is present */
 };
 
 static void kv_task(void *arg, int tid, int nth)
@@ -50,7 +53,20 @@ static void kv_task(void *arg, int tid, int nth)
     float *cs = tmp + dmax, *sn = cs + p->rope_n_pairs;
     int64_t t0, t1;
     cpu_split(T, 1, tid, nth, &t0, &t1);
+    const int has_q = c->has_q;
     for (int64_t t = t0; t < t1; t++) {
+        if (has_q) { /* the query side: rms_norm's row routine, then the rope op's, in place (as rms_norm + RoPE) */
+            const int64_t H = p->q.ne[1];
+            char *q0 = cpu_data(&p->q) + t * p->q.nb[2];
+            if (p->q_norm_mode != BERTH_NORM_W_NONE)
+                for (int64_t h = 0; h < H; h++)
+                    cpu_rms_norm_row((float *)(q0 + h * p->q.nb[1]), p->q.ne[0], p->eps, p->q_norm_mode,
+                                     opck_norm_has_weight(p->q_norm_mode) ? cpu_data(&p->q_norm) : NULL,
+                                     p->q_norm.dtype);
+            if (p->rope_n_pairs > 0)
+                cpu_rope_token(q0, p->q.nb[1], H, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs,
+                               (float)cpu_i32_at(&p->positions, t), (const float *)cpu_data(&p->rope_freqs));
+        }
         const int32_t slot = cpu_i32_at(&p->slots, t);
         if (slot < 0)
             continue;
@@ -98,7 +114,9 @@ berth_status cpu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv
     st = cpu_scratch_threads(be, (size_t)(dmax + 2 * (int64_t)p->rope_n_pairs) * sizeof(float));
     if (st != BERTH_OK)
         goto out;
-    struct kv_ctx c = {.p = p, .be = be};
+    struct opck qc = {0};
+    qc.exec = 1;
+    struct kv_ctx c = {.p = p, .be = be, .has_q = opck_kv_append_has_q(&qc, p)};
     const double work = (double)T * kv->n_kv_heads * (double)(kv->head_dim + kv->head_dim_v) * 4.0;
     int nth = cpu_threads_for(be, work, 16384.0);
     cpu_pool_run(be->pool, nth > T ? (int)(T > 0 ? T : 1) : nth, kv_task, &c);

@@ -3,7 +3,8 @@
  * K (then rotating it) and V per head first, all in fp32, then storing in the cache dtype (f32, bf16 or f16,
  * round to nearest even). Same formulas and order as the CPU backend (plugins/backend-cpu/kv.c).
  *
- * Two blocks per (token, KV head), one for K and one for V, 128 threads each: each thread keeps up to
+ * Two blocks per (token, KV head), one for K and one for V, and with the query side (ABI 0.5) one per (token,
+ * query head) that normalises and rotates it in place as rms_norm with RoPE would, 128 threads each: each thread keeps up to
  * CU_MAX_HEAD_DIM / 128 elements of the head vector in registers; the RMS sum is a block reduction; RoPE pairs
  * cross threads, so the normalised K goes through shared memory once before the rotation. At decode this is a
  * chain of dependent steps, so it is latency: K and V in blocks of their own run their chains side by side (one
@@ -41,6 +42,11 @@ struct kva_args {
     int32_t k_mode, v_mode;
     float eps;
     int32_t rope_mode, rope_off, n_pairs;
+    float *q;                   /* the query side (ABI 0.5; NULL: none): element (0, 0, 0), normalised and rotated in
+                                 * place */
+    int64_t q_nb1, q_nb2;
+    const char *q_w;            /* its norm weight (W / W_ONE_PLUS) */
+    int32_t q_w_dt, q_mode, q_heads;
     char *k_dst, *v_dst;        /* pool base + view offset */
     uint64_t block_stride, token_stride, head_stride, v_token_stride, v_head_stride;
     int32_t dt, block_size, n_blocks, D, DV;
@@ -158,13 +164,21 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     __shared__ float red[32];
     cu_pdl_trigger();
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y;
-    const bool isv = blockIdx.z != 0; /* K and V of a head are two blocks: two short chains instead of one long */
-    const int n = isv ? a.DV : a.D, mode = isv ? a.v_mode : a.k_mode;
+    /* K and V of a head are two blocks (z = 0, 1): two short chains instead of one long; query heads (z >= 2)
+     * one block each, (z - 2) * gridDim.y + y */
+    const bool isv = blockIdx.z == 1, isq = blockIdx.z >= 2;
+    const int h = isq ? (int)((blockIdx.z - 2) * gridDim.y + blockIdx.y) : (int)blockIdx.y;
+    if (isq && h >= a.q_heads) {
+        cu_pdl_wait(); /* every thread waits before it exits (cuda_launch.cuh) */
+        return;
+    }
+    const int n = isv ? a.DV : a.D, mode = isv ? a.v_mode : isq ? a.q_mode : a.k_mode;
     const bool rope = !isv && a.n_pairs > 0;
+    const char *wsrc = isv ? a.v_w : isq ? a.q_w : a.k_w;
+    const int wdt = isv ? a.v_w_dt : isq ? a.q_w_dt : a.k_w_dt;
     float w[KVA_EPT], fr[KVA_EPT];
     if (a.w_early)
-        kva_ld_weights(w, n, mode, isv ? a.v_w : a.k_w, isv ? a.v_w_dt : a.k_w_dt);
+        kva_ld_weights(w, n, mode, wsrc, wdt);
     if (rope && a.f_early)
         kva_ld_freqs(a, a.D, fr);
     /* the slot and the position: metadata, before the wait under the decode attention's host assumption
@@ -186,15 +200,16 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
         ld_meta();
     cu_pdl_wait();
     if (!a.w_early)
-        kva_ld_weights(w, n, mode, isv ? a.v_w : a.k_w, isv ? a.v_w_dt : a.k_w_dt);
+        kva_ld_weights(w, n, mode, wsrc, wdt);
     if (rope && !a.f_early)
         kva_ld_freqs(a, a.D, fr);
 
     /* One round trip: the vector (and the slot and the position, when not read yet: all in flight at once; the
      * vector does not depend on the slot) */
     float x[KVA_EPT];
-    const char *src = isv ? a.v + t * a.v_nb2 + h * a.v_nb1 : a.k + t * a.k_nb2 + h * a.k_nb1;
-    const int sdt = isv ? a.v_dt : a.k_dt;
+    const char *src = isv ? a.v + t * a.v_nb2 + h * a.v_nb1
+                    : isq ? (const char *)a.q + t * a.q_nb2 + h * a.q_nb1 : a.k + t * a.k_nb2 + h * a.k_nb1;
+    const int sdt = isv ? a.v_dt : isq ? (int)BERTH_DTYPE_F32 : a.k_dt;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
@@ -202,6 +217,20 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     }
     if (!meta_pre)
         ld_meta(); /* sin / cos: independent of K, so computed before the norm's reduction */
+    if (isq) { /* the query head: as rms_norm with RoPE, in place, whatever the slot */
+        if (mode != BERTH_NORM_W_NONE)
+            kva_norm(x, n, mode, a.eps, w, red);
+        if (rope)
+            kva_rope(x, a.D, a, sn, cs, buf);
+        float *qd = (float *)((char *)a.q + t * a.q_nb2 + h * a.q_nb1);
+#pragma unroll
+        for (int e = 0; e < KVA_EPT; e++) {
+            const int i = threadIdx.x + e * KVA_THREADS;
+            if (i < n)
+                qd[i] = x[e];
+        }
+        return;
+    }
     if (slot < 0 || (int64_t)slot >= (int64_t)a.n_blocks * a.block_size)
         return; /* the whole block leaves together: no barrier is skipped by part of it */
     const uint64_t blk = (uint64_t)(slot / a.block_size), off = (uint64_t)(slot % a.block_size);
@@ -236,6 +265,9 @@ bool cu_check_kv_append(const berth_backend *be, struct opck *c, const berth_kv_
     if (kv->n_kv_heads > 65535)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: n_kv_heads %d is more than this backend's 65535",
                          kv->n_kv_heads);
+    if (opck_kv_append_has_q(c, p) && (p->q.ne[1] + kv->n_kv_heads - 1) / kv->n_kv_heads > 65533)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: %" PRId64 " query heads over %d KV heads is more than "
+                         "this backend's grid allows", p->q.ne[1], kv->n_kv_heads);
     if (p->k.ne[2] > INT32_MAX)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: %" PRId64 " tokens is more than this backend's %d",
                          p->k.ne[2], INT32_MAX);
@@ -251,7 +283,19 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
         return BERTH_OK;
     const bool kw = opck_norm_has_weight(p->k_norm_mode), vw = opck_norm_has_weight(p->v_norm_mode);
     const bool rope = p->rope_n_pairs > 0;
+    struct opck qc = {};
+    qc.exec = 1;
+    const bool hq = opck_kv_append_has_q(&qc, p), qw = hq && opck_norm_has_weight(p->q_norm_mode);
     kva_args a = {};
+    if (hq) {
+        a.q = (float *)cu_ptr(&p->q);
+        a.q_nb1 = p->q.nb[1];
+        a.q_nb2 = p->q.nb[2];
+        a.q_w = qw ? cu_ptr(&p->q_norm) : nullptr;
+        a.q_w_dt = qw ? p->q_norm.dtype : BERTH_DTYPE_F32;
+        a.q_mode = p->q_norm_mode;
+        a.q_heads = (int32_t)p->q.ne[1];
+    }
     a.k = cu_ptr(&p->k);
     a.v = cu_ptr(&p->v);
     a.k_nb1 = p->k.nb[1];
@@ -269,7 +313,8 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.v_w_dt = vw ? p->v_norm.dtype : BERTH_DTYPE_F32;
     a.f_early = rope && p->rope_freqs.buf->usage == BERTH_USAGE_WEIGHTS;
     a.w_early = (!kw || p->k_norm.buf->usage == BERTH_USAGE_WEIGHTS) &&
-                (!vw || p->v_norm.buf->usage == BERTH_USAGE_WEIGHTS);
+                (!vw || p->v_norm.buf->usage == BERTH_USAGE_WEIGHTS) &&
+                (!qw || p->q_norm.buf->usage == BERTH_USAGE_WEIGHTS);
     a.meta_early = be->att_prewait;
     a.k_mode = p->k_norm_mode;
     a.v_mode = p->v_norm_mode;
@@ -289,7 +334,9 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.n_blocks = kv->n_blocks;
     a.D = kv->head_dim;
     a.DV = kv->head_dim_v;
-    const cudaError_t e =
-        cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads, 2), dim3(KVA_THREADS), 0, kv_append_kernel, a);
+    /* z: K, V, then the query heads in groups of n_kv_heads */
+    const int64_t qz = hq ? (p->q.ne[1] + kv->n_kv_heads - 1) / kv->n_kv_heads : 0;
+    const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads, (unsigned)(2 + qz)),
+                                    dim3(KVA_THREADS), 0, kv_append_kernel, a);
     return cu_check(be, e, "kv_append_kernel");
 }

@@ -136,6 +136,11 @@ bool opck_glu(struct opck *c, const berth_glu_params *p);
 bool opck_binary(struct opck *c, const berth_binary_params *p);
 bool opck_copy(struct opck *c, const berth_copy_params *p);
 bool opck_kv_append(struct opck *c, const berth_kv_append_params *p);
+/* kv_append carries the query side (ABI 0.5): the fields are there and q is present. */
+static inline bool opck_kv_append_has_q(const struct opck *c, const berth_kv_append_params *p)
+{
+    return BERTH_HAS(p, berth_kv_append_params, q_norm) && opck_present(c, &p->q);
+}
 bool opck_attention(struct opck *c, const berth_attention_params *p);
 bool opck_conv1d_causal(struct opck *c, const berth_conv1d_causal_params *p);
 bool opck_gated_delta(struct opck *c, const berth_gated_delta_params *p);

@@ -387,6 +387,27 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
             !check_rope_tensors(c, op, "positions", &p->positions, T, "rope_freqs", &p->rope_freqs, p->rope_n_pairs))
             return false;
     }
+    if (!opck_kv_append_has_q(c, p))
+        return true;
+    /* the query side (ABI 0.5): q normalised and rotated in place */
+    if (!opck_tensor(c, op, "q", &p->q, OPCK_F32, true))
+        return false;
+    if (p->q.ne[0] != kv->head_dim || p->q.ne[1] < 1 || p->q.ne[2] != T || p->q.ne[3] != 1)
+        return opck_fail(c, BERTH_E_INVALID,
+                         "kv_append: q must be ne {head_dim %d, n_q_heads, T %" PRId64 "}, got {%" PRId64 ", %" PRId64
+                         ", %" PRId64 ", %" PRId64 "}", kv->head_dim, T, p->q.ne[0], p->q.ne[1], p->q.ne[2],
+                         p->q.ne[3]);
+    if (p->q_norm_mode < BERTH_NORM_W_NONE || p->q_norm_mode > BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: q_norm_mode %d is not supported", p->q_norm_mode);
+    if (opck_norm_has_weight(p->q_norm_mode) && !opck_present(c, &p->q_norm))
+        return opck_fail(c, BERTH_E_INVALID, "kv_append: q_norm_mode %d needs the q_norm weight, which is absent",
+                         p->q_norm_mode);
+    if (opck_norm_has_weight(p->q_norm_mode) &&
+        (!opck_tensor(c, op, "q_norm", &p->q_norm, c->be->weight_dtypes, false) ||
+         !opck_vector(c, op, "q_norm", &p->q_norm, kv->head_dim)))
+        return false;
+    if (c->exec && (opck_views_overlap(&p->q, &p->slots) || opck_views_overlap(&p->q, &p->positions)))
+        return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps slots or positions");
     return true;
 }
 

@@ -358,8 +358,11 @@ static berth_status attention_block(struct g4_step *st, int i)
                                    pre ? "q_proj" : "q_proj (input_layernorm prologue)")) != BERTH_OK) {
         return r;
     }
-    {
-        /* q_norm per head, then RoPE on the normalised heads, in one rms_norm */
+    /* q_norm per head, then RoPE on the normalised heads: in the layer's kv_append when it stores K/V (ABI 0.5:
+     * one launch fewer), else as one rms_norm */
+    /* requirements are recorded in the kv_append form (a backend must take it); load() reads the setting */
+    const int q_in_kv = !ly->kv_shared && (st->record || m->q_in_kv);
+    if (!q_in_kv) {
         berth_rms_norm_params p;
         rms_params(st, q, &lw->q_norm, NULL, q, &p);
         if (pairs > 0) {
@@ -402,7 +405,14 @@ static berth_status attention_block(struct g4_step *st, int i)
             p.rope_freqs = rope_table(st, ly->type);
         }
         p.kv = cache;
-        if ((r = run(st, BERTH_OP_KV_APPEND, &p, ly->type == G4_FULL ? "full layers" : "sliding layers")) !=
+        if (q_in_kv) {
+            p.q = q;
+            p.q_norm_mode = BERTH_NORM_W;
+            p.q_norm = lw->q_norm;
+        }
+        const char *site = ly->type == G4_FULL ? (q_in_kv ? "q_norm + RoPE, k/v store (full layers)" : "full layers")
+                           : (q_in_kv ? "q_norm + RoPE, k/v store (sliding layers)" : "sliding layers");
+        if ((r = run(st, BERTH_OP_KV_APPEND, &p, site)) !=
             BERTH_OK)
             return r;
     }

@@ -87,6 +87,8 @@ struct berth_model {
     berth_buffer *const_buf; /* RoPE tables (f32) */
     berth_buffer *fused_buf; /* fused projection weights (NULL unless fused) */
     int fused;               /* forward() uses lw->qkv / lw->gate_up where present */
+    int q_in_kv;             /* q-norm + RoPE of layers that store K/V go inside their kv_append (ABI 0.5), else
+                              * as an rms_norm ([model.gemma4] q_norm_in_kv_append, default true; set by load) */
     int max_tokens;
     int loaded; /* load() finished: forward() may run */
 

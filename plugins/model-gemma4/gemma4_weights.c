@@ -384,6 +384,23 @@ static berth_status fuse_setting(const berth_model *m, const berth_backend_api *
     return BERTH_OK;
 }
 
+/* [model.gemma4] q_norm_in_kv_append = true | false (default true): where a layer stores K/V, its q-norm + RoPE
+ * travel inside that kv_append (one launch fewer per layer); false sends them as an rms_norm, for A/B runs. */
+static berth_status q_in_kv_setting(const berth_model *m, int *on)
+{
+    const berth_host *h = m->host;
+    const char *v = BERTH_HAS(h, berth_host, config_get) && h->config_get ? h->config_get(h->ctx,
+                                                                                         "q_norm_in_kv_append")
+                                                                        : NULL;
+    if (!v || !*v || strcmp(v, "true") == 0)
+        *on = 1;
+    else if (strcmp(v, "false") == 0)
+        *on = 0;
+    else
+        return g4_fail(h, BERTH_E_INVALID, "[model.gemma4] q_norm_in_kv_append = '%.60s' must be true or false", v);
+    return BERTH_OK;
+}
+
 berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck,
                              berth_stream *s)
 {
@@ -394,6 +411,8 @@ berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const 
     if (!dir)
         dir = "checkpoint";
 
+    if ((st = q_in_kv_setting(m, &m->q_in_kv)) != BERTH_OK)
+        return st;
     /* All metadata checks first, so a bad file fails before anything is uploaded. */
     for (int i = 0; i < m->n_plan; i++)
         if ((st = check_entry(m, ck, dir, &m->plan[i], &info)) != BERTH_OK)
