@@ -46,7 +46,8 @@
 berth_status cu_attention_prefill_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
 /* attention_decode.cu: the one-launch cluster decode kernel (*ran false: not covered or BERTH_CUDA_ATT_DECODE=old,
  * nothing enqueued; then the split-K kernel and combine below run). */
-berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
+berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
+                                      bool below_mma, bool *ran);
 /* attention_decode_mma.cu: the tensor-core decode kernel (BF16 compute mode, bf16/f16 cache; *ran false: not
  * covered, nothing enqueued). */
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
@@ -1743,19 +1744,22 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     if (T == p->n_seqs) {
         /* Which decode kernel (BERTH_CUDA_ATT_DECODE, docs/config.md): by default the one-launch cluster kernel for
-         * small calls, the tensor-core kernel for the rest where it serves (BF16 mode, bf16/f16 cache), the split
-         * kernel otherwise; =mma puts the tensor-core kernel first, =new/c8 skip it, =old keeps the split kernel. */
+         * the smallest calls, the tensor-core kernel for the rest where it serves (BF16 mode, bf16/f16 cache), the
+         * cluster kernel for small calls it does not serve, the split kernel otherwise; =mma puts the tensor-core
+         * kernel first, =new/c8 skip it, =old keeps the split kernel. */
         bool dec_ran = false;
         berth_status dst = BERTH_OK;
+        const bool aut = be->att_decode == CU_ATT_DECODE_AUTO;
         if (be->att_decode == CU_ATT_DECODE_MMA && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
                                                     dec_ran))
             return dst;
-        if (be->att_decode == CU_ATT_DECODE_AUTO && (dst = cu_attention_decode_mma_reserve(be, s, p)) != BERTH_OK)
+        if (aut && (dst = cu_attention_decode_mma_reserve(be, s, p)) != BERTH_OK)
             return dst;
-        if ((dst = cu_attention_decode_fast(be, s, p, &dec_ran)) != BERTH_OK || dec_ran)
+        if ((dst = cu_attention_decode_fast(be, s, p, aut, &dec_ran)) != BERTH_OK || dec_ran)
             return dst;
-        if (be->att_decode == CU_ATT_DECODE_AUTO && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK ||
-                                                     dec_ran))
+        if (aut && ((dst = cu_attention_decode_mma(be, s, p, &dec_ran)) != BERTH_OK || dec_ran))
+            return dst;
+        if (aut && ((dst = cu_attention_decode_fast(be, s, p, false, &dec_ran)) != BERTH_OK || dec_ran))
             return dst;
         return att_run_decode(be, s, p, a);
     }

@@ -67,12 +67,18 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The entry point attention.cu's decode dispatch calls (declared there too). */
+/* The entry point attention.cu's decode dispatch calls (declared there too). below_mma: serve only calls of at
+ * most ADC_MMA_FROM_WORK_KEYS (the dispatcher then offers the rest to the tensor-core kernel first). */
 berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
-                                      bool *ran);
+                                      bool below_mma, bool *ran);
 
 #define ADC_MAX_KEYS 1024       /* visible keys per sequence above which the split kernel serves the call */
 #define ADC_MAX_WORK_KEYS 8192  /* sequences x visible keys above which it does too */
+/* ... and above which the tensor-core kernel (attention_decode_mma.cu) is faster where it serves. On the H200 (E2B
+ * bf16 decode, 512 / 640 visible keys on sliding / full layers; bench/RESULTS.md session 12): the cluster kernel
+ * wins up to 4 sequences (2048 / 2560 keys; 1492 against 1481 tok/s at 4, 947 against 908 at 2), the tensor-core
+ * kernel from 6 on (3072 / 3840: 2156 against 2107 at 6, 2862 against 2762 at 8, 4929 against 4699 at 16). */
+#define ADC_MMA_FROM_WORK_KEYS 2560
 /* Warps per block: 8 where a block serves few query heads (NRW <= 4 at head dims up to 256, NRW <= 2 at 512), so
  * that each warp's serial chain of keys is half as long (the kernel is bound by dependent-instruction latency at
  * about one warp per scheduler); 4 for wider head groups, whose q and accumulators at 256 threads cost more than
@@ -942,7 +948,8 @@ static berth_status adc_decline(berth_backend *be, const char *fmt, ...)
                    why);
 }
 
-berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran)
+berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const berth_attention_params *p,
+                                      bool below_mma, bool *ran)
 {
     *ran = false;
     if (be->att_decode == CU_ATT_DECODE_OLD)
@@ -973,7 +980,8 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
         int64_t kvb = be->capturing ? cap : (p->max_kv_len < cap ? p->max_kv_len : cap);
         if (p->mask == BERTH_MASK_CAUSAL && p->window > 0 && p->window < kvb)
             kvb = p->window;
-        if (kvb > ADC_MAX_KEYS || (int64_t)p->n_seqs * kvb > ADC_MAX_WORK_KEYS)
+        if (kvb > ADC_MAX_KEYS ||
+            (int64_t)p->n_seqs * kvb > (below_mma ? ADC_MMA_FROM_WORK_KEYS : ADC_MAX_WORK_KEYS))
             return BERTH_OK;
     }
     /* Set up the NRW = 1 instance first: its cluster limits stand for the call (the instances of a head dim share
