@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """ktrace_summary.py — one decode step's kernels from a bench/ktrace.c trace: where the step's time goes.
 
-    python3 bench/ktrace_summary.py TRACE.csv [--graph auto|ID] [--replay N] [--top 30]
+    python3 bench/ktrace_summary.py TRACE.csv [--graph auto|ID] [--replay N] [--top 30] [--list A:B]
 
 The trace holds every kernel of the run. Graph replays are told apart by the graph id CUPTI records: --graph auto
 takes the graph with the most kernels per replay whose replays are most frequent (at `berth bench` with one
@@ -12,7 +12,9 @@ clear of the tail). For that replay it prints:
     kernel's "exposed" time is the part of its [start, end] not covered by the kernels before it in launch order,
     i.e. how long the step waits on it. Under programmatic dependent launch a kernel starts early and waits in
     griddepcontrol.wait, so its duration includes that wait: exposed time is the better cost;
-  - the largest gaps between one kernel's end and the next one's start (no kernel running).
+  - the largest gaps between one kernel's end and the next one's start (no kernel running);
+  - with --list A:B, kernels A..B-1 of the replay in launch order: start and end (us from the replay's first
+    start), duration, exposed time, name and grid — one layer's chain, to see which kernel waits on which.
 Replays are separated by graph node ids repeating: a replay is one run over the graph's nodes.
 """
 import argparse
@@ -82,6 +84,7 @@ def main():
     ap.add_argument("--graph", default="auto")
     ap.add_argument("--replay", type=int, default=3)
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--list", default="", help="A:B, kernels A..B-1 of the replay in launch order")
     a = ap.parse_args()
     rows = load(a.trace)
     if not rows:
@@ -132,6 +135,18 @@ def main():
     print("idle gaps: %d, %.1f us in all; largest:" % (len(gaps), sum(g[0] for g in gaps) / 1e3))
     for g, p, n in gaps[:8]:
         print("  %7.2f us  %s -> %s" % (g / 1e3, p[:50], n[:50]))
+    if a.list:
+        lo, hi = (int(v) for v in a.list.split(":"))
+        print("%4s %9s %9s %7s %7s  %s" % ("#", "start us", "end us", "dur", "exposed", "kernel"))
+        horizon = t0
+        for i, r in enumerate(step):
+            exposed = max(0, r["end"] - max(r["start"], horizon))
+            horizon = max(horizon, r["end"])
+            if lo <= i < hi:
+                grid = "x".join(str(v) for v in r["grid"] if v > 1) or "1"
+                print("%4d %9.2f %9.2f %7.2f %7.2f  %s grid=%s" % (i, (r["start"] - t0) / 1e3, (r["end"] - t0) / 1e3,
+                                                           (r["end"] - r["start"]) / 1e3, exposed / 1e3,
+                                                           short(names[r["name"]])[:50], grid))
 
 
 if __name__ == "__main__":

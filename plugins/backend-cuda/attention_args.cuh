@@ -12,6 +12,16 @@
 
 #include <stdint.h>
 
+/* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only; attention_decode_mma.cu defines these): the
+ * stream's buffer for `stamps` global-timer stamps per block of a call of `blocks` blocks, zero; NULL when it cannot
+ * be had (the call then runs without stamps). */
+unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64_t blocks, int stamps);
+/* After the stamped call: synchronise the stream (a fault of the call is reported here), log at WARN `what` and per
+ * stamp the minimum / upper median / maximum over the blocks in us from the earliest block start, zero the stamps
+ * for the next call. */
+berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned long long *prof, int blocks, int stamps,
+                                const char *what);
+
 template <typename A>
 static inline void cu_attn_args_fill(A &a, const berth_attention_params *p)
 {

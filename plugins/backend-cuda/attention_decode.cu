@@ -124,6 +124,7 @@ struct adc_args {
     int32_t ring;       /* key slots per warp (a multiple of ADC_KB, <= ADC_RING_MAX) */
     int32_t per;        /* output columns each cluster rank finishes (a multiple of 4) */
     int32_t bt_n;       /* block-table entries preloaded: min(bt_width, ADC_BT_MAX) */
+    unsigned long long *prof; /* BERTH_CUDA_ATT_PROF=1: ADC_STAMPS global-timer stamps per block (NULL: none) */
     uint32_t region;    /* bytes of a warp's region of dynamic shared memory (ring, then its partial) */
     uint32_t bt_off, recv_off; /* byte offsets of the table and of the cluster partials */
 };
@@ -270,6 +271,20 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 // touching memory, as cuda_launch.cuh requires).
 
 template <int DT, int E, int NRW>
+/* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
+ * at 0 its start, 1 past the PDL wait with q loaded, 2 its keys done, 3 its block partial merged, 4 the ranks'
+ * partials of its columns landed (cluster barrier), 5 its columns stored (2..5: the last row's); cu_att_prof_report
+ * prints them. */
+#define ADC_STAMPS 6
+#define ADC_STAMP(k)                                                                                           \
+    do {                                                                                                       \
+        if (a.prof && threadIdx.x == 0) {                                                                      \
+            unsigned long long t_;                                                                             \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                              \
+            a.prof[(size_t)blockIdx.x * ADC_STAMPS + (k)] = t_;                                                \
+        }                                                                                                      \
+    } while (0)
+
 __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_cluster_kernel(const adc_args a)
 {
     using C = adc_cfg<DT, E, NRW>;
@@ -290,6 +305,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
 
     if (!a.late)
         cu_pdl_trigger();
+    ADC_STAMP(0);
     const bool clu = a.cs > 1;
     if (clu)
         adc_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
@@ -329,8 +345,10 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     const int nrv = NRW < a.n_rep - hg * NRW ? NRW : a.n_rep - hg * NRW; /* real heads of this group */
     const int h0 = g * a.n_rep + hg * NRW;                                /* its first query head */
     float q[NRW][E];
-    if (waited)
+    if (waited) {
         adc_load_q<E, NRW, CE, NC>(a, seq, h0, nrv, lane, q);
+        ADC_STAMP(1);
+    }
     __syncthreads(); /* bt_s */
     if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of the cluster */
         if (!waited)
@@ -440,6 +458,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
             cu_pdl_wait();
             waited = true;
             adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
+            ADC_STAMP(1);
             if (__any_sync(0xffffffffu, defer != 0)) {
                 for (int32_t b = 0; b < issued; b++)
                     issue(b, b, true);
@@ -581,6 +600,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         }
         cu_dec_cp_wait<0>();
         __syncwarp(); /* every copy of the warp has landed: its ring becomes its partial */
+        ADC_STAMP(2);
         if (a.late) /* the next kernel's early loads no longer compete with this one's */
             cu_pdl_trigger();
 
@@ -620,6 +640,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
             }
         }
         __syncthreads();
+        ADC_STAMP(3);
         if (clu)
             adc_cluster_wait(); /* phase A: every block started and is done with the previous row's partials */
 
@@ -660,6 +681,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         } else {
             __syncthreads();
         }
+        ADC_STAMP(4);
 
         /* M4: the ranks' weights per head (16 lanes per head, lane c: rank c) */
 #pragma unroll
@@ -709,6 +731,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                 ((float *)(a.out + (int64_t)t * a.out_nb2 + (int64_t)h * a.out_nb1))[d] = o;
             }
         }
+        ADC_STAMP(5);
         if (t + 1 < q1) { /* another row: its phase A starts once this block is done with the partials */
             if (clu) {
                 __syncwarp();
@@ -1047,6 +1070,9 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.bt_off = (uint32_t)pl.bt_off;
     a.recv_off = (uint32_t)pl.recv_off;
 
+    if (be->att_prof && !be->capturing) /* the stream's stamp buffer, zero (here or after the last report) */
+        a.prof = cu_att_prof_buffer(be, s, blocks, ADC_STAMPS);
+
     /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */
     const dim3 cluster(pl.cs > 1 ? (unsigned)pl.cs : 1u, 1, 1);
     st = cu_check(be,
@@ -1055,5 +1081,11 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
                   "attn_decode_cluster_kernel");
     if (st == BERTH_OK)
         *ran = true;
+    if (st == BERTH_OK && a.prof) {
+        char what[128];
+        snprintf(what, sizeof what, "attn_decode_cluster d%d T=%d cs=%d hg=%d nrw=%d warps=%d blocks=%d", D, a.T,
+                 pl.cs, pl.hg, pl.nrw, k.threads / 32, (int)blocks);
+        return cu_att_prof_report(be, s, a.prof, (int)blocks, ADC_STAMPS, what);
+    }
     return st;
 }

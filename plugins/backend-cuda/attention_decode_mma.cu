@@ -113,7 +113,7 @@ struct adm_args {
 };
 
 /* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
- * at each phase boundary (adm_prof_report prints them). */
+ * at each phase boundary (cu_att_prof_report prints them). */
 #define ADM_STAMPS 7
 #define ADM_STAMP(k)                                                                                           \
     do {                                                                                                       \
@@ -721,26 +721,42 @@ static int adm_splits(const berth_backend *be, int64_t kvb, int64_t base, int bp
     return ns < 1 ? 1 : (int)ns;
 }
 
-/* BERTH_CUDA_ATT_PROF: after the call, per stamp (0 start, 1 after the PDL wait, 2 q in shared memory, 3 keys done,
- * 4 partial written and counted, 5 the merge's weights (last blocks), 6 merge done; with several rows per sequence
- * stamps 2, 3 and 5 are the last row's) the minimum / upper median / maximum over the blocks in us from the earliest
- * start, logged at WARN. Synchronises the stream (a fault of the call is reported here) and zeroes the stamps for
- * the next profiled call. */
+/* BERTH_CUDA_ATT_PROF's host side, shared with attention_decode.cu (attention_args.cuh). This kernel's stamps: 0
+ * start, 1 after the PDL wait, 2 q in shared memory, 3 keys done, 4 partial written and counted, 5 the merge's
+ * weights (last blocks), 6 merge done; with several rows per sequence stamps 2, 3 and 5 are the last row's. */
 static int adm_cmp_double(const void *x, const void *y)
 {
     const double a = *(const double *)x, b = *(const double *)y;
     return a < b ? -1 : a > b;
 }
 
-static berth_status adm_prof_report(berth_backend *be, berth_stream *s, const adm_args &a, int blocks, int dp)
+unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64_t blocks, int stamps)
+{
+    (void)be;
+    const int64_t need = blocks * stamps; /* att_prof_cap counts stamps */
+    if (s->att_prof_cap < need) {
+        if (s->att_prof)
+            (void)cudaFree(s->att_prof);
+        s->att_prof = nullptr;
+        s->att_prof_cap = 0;
+        const size_t bytes = (size_t)need * sizeof *s->att_prof;
+        if (cudaMalloc((void **)&s->att_prof, bytes) == cudaSuccess && cudaMemset(s->att_prof, 0, bytes) == cudaSuccess)
+            s->att_prof_cap = need;
+        else
+            (void)cudaGetLastError(); /* no stamps this call; not a launch error */
+    }
+    return s->att_prof_cap >= need ? s->att_prof : nullptr;
+}
+
+berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned long long *prof, int blocks, int stamps,
+                                const char *what)
 {
     berth_status st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize (BERTH_CUDA_ATT_PROF)");
-    const size_t n_st = (size_t)blocks * ADM_STAMPS;
+    const size_t n_st = (size_t)blocks * stamps;
     unsigned long long *t = (unsigned long long *)malloc(n_st * sizeof *t);
     double *v = (double *)malloc((size_t)blocks * sizeof *v);
-    if (st != BERTH_OK || !t || !v ||
-        cudaMemcpy(t, a.prof, n_st * sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemset(a.prof, 0, n_st * sizeof *t) != cudaSuccess) {
+    if (st != BERTH_OK || !t || !v || cudaMemcpy(t, prof, n_st * sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemset(prof, 0, n_st * sizeof *t) != cudaSuccess) {
         (void)cudaGetLastError();
         free(t);
         free(v);
@@ -748,16 +764,15 @@ static berth_status adm_prof_report(berth_backend *be, berth_stream *s, const ad
     }
     unsigned long long t0 = ~0ull;
     for (int b = 0; b < blocks; b++)
-        if (t[(size_t)b * ADM_STAMPS] && t[(size_t)b * ADM_STAMPS] < t0)
-            t0 = t[(size_t)b * ADM_STAMPS];
+        if (t[(size_t)b * stamps] && t[(size_t)b * stamps] < t0)
+            t0 = t[(size_t)b * stamps];
     char msg[600];
-    int n = snprintf(msg, sizeof msg, "attn_decode_mma d%d T=%d ns=%d blocks=%d: stamp min/med/max us:", dp, a.T, a.ns,
-                     blocks);
-    for (int k = 0; k < ADM_STAMPS && n > 0 && n < (int)sizeof msg; k++) {
+    int n = snprintf(msg, sizeof msg, "%s: stamp min/med/max us:", what);
+    for (int k = 0; k < stamps && n > 0 && n < (int)sizeof msg; k++) {
         int c = 0;
         for (int b = 0; b < blocks; b++)
-            if (t[(size_t)b * ADM_STAMPS + k])
-                v[c++] = (double)(t[(size_t)b * ADM_STAMPS + k] - t0) / 1000.0;
+            if (t[(size_t)b * stamps + k])
+                v[c++] = (double)(t[(size_t)b * stamps + k] - t0) / 1000.0;
         if (c == 0)
             continue;
         qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
@@ -902,22 +917,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.m_chunks = (int32_t)m_chunks;
     a.late = be->att_late_trigger;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
-    if (be->att_prof && !be->capturing) { /* the stream's stamp buffer, zero (here or after the last report) */
-        const size_t bytes = (size_t)blocks * ADM_STAMPS * sizeof *s->att_prof;
-        if (s->att_prof_cap < blocks) {
-            if (s->att_prof)
-                (void)cudaFree(s->att_prof);
-            s->att_prof = nullptr;
-            s->att_prof_cap = 0;
-            if (cudaMalloc((void **)&s->att_prof, bytes) == cudaSuccess &&
-                cudaMemset(s->att_prof, 0, bytes) == cudaSuccess)
-                s->att_prof_cap = blocks;
-            else
-                (void)cudaGetLastError(); /* no stamps this call; not a launch error */
-        }
-        if (s->att_prof_cap >= blocks)
-            a.prof = s->att_prof;
-    }
+    if (be->att_prof && !be->capturing) /* the stream's stamp buffer, zero (here or after the last report) */
+        a.prof = cu_att_prof_buffer(be, s, blocks, ADM_STAMPS);
     berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                "attn_decode_mma_kernel");
     if (st == BERTH_OK && a.merge_kernel)
@@ -928,8 +929,11 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         *ran = true;
     else if (a.ysh)
         s->xsh.seq = 0; /* claimed, never (completely) written */
-    if (st == BERTH_OK && a.prof)
-        return adm_prof_report(be, s, a, (int)blocks, dp);
+    if (st == BERTH_OK && a.prof) {
+        char what[96];
+        snprintf(what, sizeof what, "attn_decode_mma d%d T=%d ns=%d blocks=%d", dp, a.T, a.ns, (int)blocks);
+        return cu_att_prof_report(be, s, a.prof, (int)blocks, ADM_STAMPS, what);
+    }
     return st;
 }
 

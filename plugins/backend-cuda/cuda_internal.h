@@ -94,8 +94,9 @@ struct berth_stream {
     unsigned int *att_count;    /* device: CU_ATT_COUNTERS arrival counters of the tensor-core decode attention's
                                  * split merge (attention_decode_mma.cu), one per (sequence, KV head); 0 between
                                  * kernels; made and zeroed with the stream */
-    unsigned long long *att_prof; /* device: BERTH_CUDA_ATT_PROF's stamps (attention_decode_mma.cu), att_prof_cap
-                                   * blocks' worth, zero before each profiled call; NULL until the switch needs it */
+    unsigned long long *att_prof; /* device: BERTH_CUDA_ATT_PROF's stamps (both decode attention kernels),
+                                   * att_prof_cap of them, zero before each profiled call; NULL until the switch needs
+                                   * it */
     int64_t att_prof_cap;
     uint64_t op_seq;            /* ops called on this stream (cuda_backend.cu's op table counts them) */
     uint16_t *xsh_buf;          /* device: CU_XSH_BYTES for xsh (BF16 compute mode; else NULL) */
