@@ -255,6 +255,9 @@ static void kv_append_q_case(int qmode, int rope_mode, int32_t n_pairs, int32_t 
     expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID,
                  "kv_append: q_norm_mode 1 needs the q_norm weight, which is absent");
     bad = p;
+    bad.q = k.t; /* written in place while K is read */
+    expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID, "kv_append: q shares elements with k or v");
+    bad = p;
     bad.q_norm_mode = 9;
     expect_error(ops->kv_append(be, st, &bad), BERTH_E_UNSUPPORTED, "kv_append: q_norm_mode 9 is not supported");
     tt_free(&pl.mem);

@@ -828,9 +828,8 @@ START_TEST(create_info_layout_requirements)
     ck_assert_int_gt(n, 0);
     /* two attention geometries: hd 16 window 8 and hd 32 window 0, both scale 1 */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ATTENTION), 2);
-    /* ... stored through kv_append with the query side, whose q view differs between the fused and the separate
-     * projections: 2 x 2 */
-    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_KV_APPEND), 4);
+    /* ... stored through kv_append with the query side (q-norm + RoPE inside) */
+    ck_assert_int_eq(count_reqs(r, n, BERTH_OP_KV_APPEND), 2);
     /* q RoPE is part of the q_norm rms_norm, the GLUs are matmul epilogues: no rope or glu op of their own */
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_ROPE), 0);
     ck_assert_int_eq(count_reqs(r, n, BERTH_OP_GLU), 0);

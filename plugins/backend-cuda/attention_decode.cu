@@ -270,12 +270,18 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 // KV head, sequence; clusters of cs blocks (none when cs == 1). Launched with PDL (trigger, then wait before
 // touching memory, as cuda_launch.cuh requires).
 
-template <int DT, int E, int NRW>
-/* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
- * at 0 its start, 1 past the PDL wait with q loaded, 2 its keys done, 3 its block partial merged, 4 the ranks'
- * partials of its columns landed (cluster barrier), 5 its columns stored (2..5: the last row's); cu_att_prof_report
- * prints them. */
+/* BERTH_CUDA_ATT_PROF=1 in a measurement build (meson -Dattention_stamps=true, which defines BERTH_ADC_STAMPS; a
+ * normal build compiles no stamp, so the tuned kernel's registers stay as they are: the stamps' code moved them by
+ * up to 50 per thread in some instances), eager calls only: thread 0 of every block records the global timer when
+ * it issues 0 its start, 1 the loads of q past the PDL wait, 2 the end of its warp's keys (warp 0), 3 the block
+ * partial merged, 4 past the cluster barrier (the ranks' partials of its columns landed), 5 its columns' stores
+ * (2..5: the last row's); cu_att_prof_report prints them. Stamp 0 is a global write before the PDL wait, an
+ * exception to cuda_launch.cuh's rule that is safe because no other kernel touches the stamp buffer. */
+#ifndef BERTH_ADC_STAMPS
+#define BERTH_ADC_STAMPS 0
+#endif
 #define ADC_STAMPS 6
+#if BERTH_ADC_STAMPS
 #define ADC_STAMP(k)                                                                                           \
     do {                                                                                                       \
         if (a.prof && threadIdx.x == 0) {                                                                      \
@@ -284,7 +290,13 @@ template <int DT, int E, int NRW>
             a.prof[(size_t)blockIdx.x * ADC_STAMPS + (k)] = t_;                                                \
         }                                                                                                      \
     } while (0)
+#else
+#define ADC_STAMP(k)                                                                                           \
+    do {                                                                                                       \
+    } while (0)
+#endif
 
+template <int DT, int E, int NRW>
 __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_cluster_kernel(const adc_args a)
 {
     using C = adc_cfg<DT, E, NRW>;
@@ -1070,7 +1082,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.bt_off = (uint32_t)pl.bt_off;
     a.recv_off = (uint32_t)pl.recv_off;
 
-    if (be->att_prof && !be->capturing) /* the stream's stamp buffer, zero (here or after the last report) */
+    if (BERTH_ADC_STAMPS && be->att_prof && !be->capturing) /* the stream's stamp buffer, zero */
         a.prof = cu_att_prof_buffer(be, s, blocks, ADC_STAMPS);
 
     /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */

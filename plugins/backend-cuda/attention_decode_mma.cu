@@ -740,7 +740,8 @@ unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64
         s->att_prof = nullptr;
         s->att_prof_cap = 0;
         const size_t bytes = (size_t)need * sizeof *s->att_prof;
-        if (cudaMalloc((void **)&s->att_prof, bytes) == cudaSuccess && cudaMemset(s->att_prof, 0, bytes) == cudaSuccess)
+        if (cudaMalloc((void **)&s->att_prof, bytes) == cudaSuccess &&
+            cudaMemsetAsync(s->att_prof, 0, bytes, s->cs) == cudaSuccess) /* in stream order before the call */
             s->att_prof_cap = need;
         else
             (void)cudaGetLastError(); /* no stamps this call; not a launch error */
@@ -756,7 +757,7 @@ berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned lon
     unsigned long long *t = (unsigned long long *)malloc(n_st * sizeof *t);
     double *v = (double *)malloc((size_t)blocks * sizeof *v);
     if (st != BERTH_OK || !t || !v || cudaMemcpy(t, prof, n_st * sizeof *t, cudaMemcpyDeviceToHost) != cudaSuccess ||
-        cudaMemset(prof, 0, n_st * sizeof *t) != cudaSuccess) {
+        cudaMemsetAsync(prof, 0, n_st * sizeof *t, s->cs) != cudaSuccess) {
         (void)cudaGetLastError();
         free(t);
         free(v);

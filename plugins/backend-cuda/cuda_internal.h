@@ -134,8 +134,9 @@ struct berth_backend {
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
-    int att_prof;               /* attention_decode_mma.cu logs its blocks' phase times per eager call (env
-                                 * BERTH_CUDA_ATT_PROF=1; a measurement switch) */
+    int att_prof;               /* the decode attention kernels log their blocks' phase times per eager call (env
+                                 * BERTH_CUDA_ATT_PROF=1; a measurement switch; the cluster kernel only in a build
+                                 * with -Dattention_stamps=true) */
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
                                  * instead of leaving it to the split kernel (env BERTH_CUDA_ATT_STRICT=1, read at
                                  * init; default 0) */
@@ -177,7 +178,7 @@ struct berth_backend {
 #define CU_SKIP_YNORM 1u  /* a matmul's trailing norm (y_norm) */
 #define CU_SKIP_ROPE 2u   /* rms_norm ops with RoPE (q-norm + RoPE) */
 #define CU_SKIP_NORM 4u   /* other rms_norm ops */
-#define CU_SKIP_KV 8u     /* kv_append */
+#define CU_SKIP_KV 8u     /* kv_append (with its query side: Gemma 4's owner layers' q-norm + RoPE) */
 #define CU_SKIP_ATTN 16u  /* attention */
 #define CU_SKIP_SMALL 32u /* matmuls with K or N <= 512 (Gemma 4's per-layer-input products) */
 

@@ -265,7 +265,8 @@ bool cu_check_kv_append(const berth_backend *be, struct opck *c, const berth_kv_
     if (kv->n_kv_heads > 65535)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: n_kv_heads %d is more than this backend's 65535",
                          kv->n_kv_heads);
-    if (opck_kv_append_has_q(c, p) && (p->q.ne[1] + kv->n_kv_heads - 1) / kv->n_kv_heads > 65533)
+    if (opck_kv_append_has_q(c, p) &&
+        (p->q.ne[1] > INT32_MAX || (p->q.ne[1] + kv->n_kv_heads - 1) / kv->n_kv_heads > 65533))
         return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: %" PRId64 " query heads over %d KV heads is more than "
                          "this backend's grid allows", p->q.ne[1], kv->n_kv_heads);
     if (p->k.ne[2] > INT32_MAX)

@@ -8,6 +8,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <string.h>
 
 #include "op_check.h"
 
@@ -330,6 +331,48 @@ static bool check_head_dims(struct opck *c, const char *op, const berth_kv_view 
     return true;
 }
 
+/* Whether q and x (both ne {d, heads, T}, f32) share an element. Views of one fused projection output (Gemma's
+ * q|k|v rows) interleave token by token, so their byte spans overlap while their elements do not: with one token
+ * stride P, each token's row of q is [qo, qo + qspan) and of x [xo, xo + xspan) modulo P, and they are disjoint
+ * when those per-token intervals are. Otherwise the span test decides (conservative). */
+static bool q_shares_elements(const berth_tensor *q, const berth_tensor *x)
+{
+    if (!opck_views_overlap(q, x))
+        return false;
+    const int64_t P = q->nb[2];
+    if (q->buf != x->buf || x->nb[2] != P || P <= 0 || q->nb[1] < 0 || x->nb[1] < 0 || q->ne[2] != x->ne[2])
+        return true;
+    const int64_t qspan = (q->ne[1] - 1) * q->nb[1] + q->ne[0] * 4, xspan = (x->ne[1] - 1) * x->nb[1] + x->ne[0] * 4;
+    if (qspan > P || xspan > P)
+        return true;
+    int64_t d = ((int64_t)x->offset - (int64_t)q->offset) % P; /* x's row start relative to q's, in [0, P) */
+    if (d < 0)
+        d += P;
+    return d < qspan || d + xspan > P; /* x's row starts inside q's, or wraps into the next token's q */
+}
+
+/* Whether view t may touch kv's pool: t in a pool buffer with its byte span inside the blocks' range (conservative:
+ * the range of the whole blocks from the lower of the two pool offsets). */
+static bool kv_pool_overlaps(const struct opck *c, const berth_tensor *t, const berth_kv_view *kv)
+{
+    (void)c;
+    if (t->buf != kv->k_buf && t->buf != kv->v_buf)
+        return false;
+    berth_tensor pool;
+    memset(&pool, 0, sizeof pool);
+    pool.buf = t->buf;
+    pool.dtype = BERTH_DTYPE_U8;
+    pool.ndim = 1;
+    pool.offset = kv->k_offset < kv->v_offset ? kv->k_offset : kv->v_offset;
+    const uint64_t hi = (kv->k_offset > kv->v_offset ? kv->k_offset : kv->v_offset) +
+                        (uint64_t)kv->n_blocks * kv->block_stride;
+    pool.ne[0] = (int64_t)(hi - pool.offset);
+    pool.ne[1] = pool.ne[2] = pool.ne[3] = 1;
+    pool.nb[0] = 1;
+    pool.nb[1] = pool.nb[2] = pool.nb[3] = pool.ne[0];
+    return opck_views_overlap(t, &pool);
+}
+
 bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
 {
     static const char op[] = "kv_append";
@@ -406,8 +449,17 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
         (!opck_tensor(c, op, "q_norm", &p->q_norm, c->be->weight_dtypes, false) ||
          !opck_vector(c, op, "q_norm", &p->q_norm, kv->head_dim)))
         return false;
-    if (c->exec && (opck_views_overlap(&p->q, &p->slots) || opck_views_overlap(&p->q, &p->positions)))
-        return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps slots or positions");
+    if (c->exec) { /* q is written in place while the other tensors are read, in any order */
+        if (q_shares_elements(&p->q, &p->k) || q_shares_elements(&p->q, &p->v))
+            return opck_fail(c, BERTH_E_INVALID, "kv_append: q shares elements with k or v");
+        const berth_tensor *const others[] = {&p->slots, &p->positions, &p->rope_freqs, &p->k_norm, &p->v_norm,
+                                              &p->q_norm};
+        for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+            if (opck_present(c, others[i]) && opck_views_overlap(&p->q, others[i]))
+                return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps one of its other inputs");
+        if (kv_pool_overlaps(c, &p->q, kv))
+            return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps the KV cache");
+    }
     return true;
 }
 

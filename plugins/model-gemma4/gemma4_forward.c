@@ -360,9 +360,9 @@ static berth_status attention_block(struct g4_step *st, int i)
     }
     /* q_norm per head, then RoPE on the normalised heads: in the layer's kv_append when it stores K/V (ABI 0.5:
      * one launch fewer), else as one rms_norm */
-    /* requirements are recorded in the kv_append form (a backend must take it); load() reads the setting */
+    /* load() reads the setting; requirements are recorded in both forms (the host checks before load) */
     const int q_in_kv = !ly->kv_shared && (st->record || m->q_in_kv);
-    if (!q_in_kv) {
+    if (!q_in_kv || (st->record && !ly->kv_shared)) {
         berth_rms_norm_params p;
         rms_params(st, q, &lw->q_norm, NULL, q, &p);
         if (pairs > 0) {

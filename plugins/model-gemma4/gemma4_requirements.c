@@ -77,6 +77,7 @@ static void canon(int32_t op, void *p)
         berth_kv_append_params *q = p;
         canon_tensor(&q->k), canon_tensor(&q->v), canon_tensor(&q->slots), canon_tensor(&q->k_norm);
         canon_tensor(&q->v_norm), canon_tensor(&q->positions), canon_tensor(&q->rope_freqs);
+        canon_tensor(&q->q), canon_tensor(&q->q_norm);
         canon_kv(&q->kv);
         break;
     }
@@ -163,9 +164,12 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
     }
     case BERTH_OP_KV_APPEND: {
         const berth_kv_append_params *q = p;
-        snprintf(out, n, "kv_append %s (head_dim %d, %d kv heads, K norm %s, RoPE half %d pairs, V norm %s, %s cache)",
+        char qs[64] = "";
+        if (q->q.ne[0] != 0)
+            snprintf(qs, sizeof qs, ", %lld query heads normed %s", (long long)q->q.ne[1], norm_name(q->q_norm_mode));
+        snprintf(out, n, "kv_append %s (head_dim %d, %d kv heads, K norm %s, RoPE half %d pairs, V norm %s%s, %s cache)",
                  site, q->kv.head_dim, q->kv.n_kv_heads, norm_name(q->k_norm_mode), q->rope_n_pairs,
-                 norm_name(q->v_norm_mode), g4_dtype_name(q->kv.dtype));
+                 norm_name(q->v_norm_mode), qs, g4_dtype_name(q->kv.dtype));
         break;
     }
     case BERTH_OP_ATTENTION: {

@@ -503,17 +503,19 @@ static void run_case(const struct attn_case *c)
     snprintf(what, sizeof what, "%s: KV pool after kv_append", c->name);
     hx_expect_close(&pool.mem, 1e-5, pool_rtol(c->kv_dt), what);
     /* Again with the query side (ABI 0.5): the same K/V into the same slots (the pool must not change) and H query
-     * heads per token, normalised with K's norm mode (their own weight) and rotated in place, each row a view with
-     * a gap after it; the slot -1 token's query is processed too. */
+     * heads and one more per token (a count that need not be a multiple of the KV heads: the last group of query
+     * blocks is partly idle), normalised with K's norm mode (their own weight) and rotated in place, each row a view
+     * with a gap after it; the slot -1 token's query is processed too. */
     {
-        struct hx_tensor qin = hx_new(BERTH_DTYPE_F32, c->D + 4, H, T_app, 0);
+        const int HQ = H + 1;
+        struct hx_tensor qin = hx_new(BERTH_DTYPE_F32, c->D + 4, HQ, T_app, 0);
         struct hx_tensor qnw = hx_new(c->norm_dt, c->D, 0, 0, 0);
         hx_rand(&qin, -1.0f, 1.0f);
         hx_rand(&qnw, c->k_norm == BERTH_NORM_W_ONE_PLUS ? -0.5f : 0.5f,
                 c->k_norm == BERTH_NORM_W_ONE_PLUS ? 0.5f : 1.5f);
         for (int side = 0; side < 2; side++) {
             berth_kv_append_params p = append_params(c, &pool, side, &kvin, &tslots, &tapos, &knw, &vnw, &freqs);
-            p.q = view3(&qin, side, 0, c->D, H, T_app, (int64_t)(c->D + 4) * 4, (int64_t)(c->D + 4) * 4 * H);
+            p.q = view3(&qin, side, 0, c->D, HQ, T_app, (int64_t)(c->D + 4) * 4, (int64_t)(c->D + 4) * 4 * HQ);
             p.q_norm_mode = c->k_norm;
             if (c->k_norm == BERTH_NORM_W || c->k_norm == BERTH_NORM_W_ONE_PLUS)
                 p.q_norm = qnw.t[side];
