@@ -254,6 +254,15 @@ static void kv_append_q_case(int qmode, int rope_mode, int32_t n_pairs, int32_t 
     bad.q_norm = absent;
     expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID,
                  "kv_append: q_norm_mode 1 needs the q_norm weight, which is absent");
+    /* a caller built before ABI 0.5 (struct_size stops at kv): whatever lies past it is never read — here a q that
+     * would fail every check — and the op is K/V only */
+    memcpy(ref.host, q.host, q.bytes);
+    bad = p;
+    bad.struct_size = (uint32_t)BERTH_SIZE_TO(berth_kv_append_params, kv);
+    bad.q = k.t;
+    bad.q_norm_mode = 9;
+    CHECK(ops->kv_append(be, st, &bad) == BERTH_OK, "%s", g_last_error);
+    ck_assert_msg(memcmp(q.host, ref.host, q.bytes) == 0, "a pre-0.5 caller's kv_append touched q");
     bad = p;
     bad.q = k.t; /* written in place while K is read */
     expect_error(ops->kv_append(be, st, &bad), BERTH_E_INVALID, "kv_append: q shares elements with k or v");

@@ -117,7 +117,8 @@ berth_status cpu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv
     struct opck qc = {0};
     qc.exec = 1;
     struct kv_ctx c = {.p = p, .be = be, .has_q = opck_kv_append_has_q(&qc, p)};
-    const double work = (double)T * kv->n_kv_heads * (double)(kv->head_dim + kv->head_dim_v) * 4.0;
+    const double work = (double)T * kv->n_kv_heads * (double)(kv->head_dim + kv->head_dim_v) * 4.0 +
+                        (c.has_q ? (double)T * (double)p->q.ne[1] * (double)p->q.ne[0] * 4.0 : 0.0);
     int nth = cpu_threads_for(be, work, 16384.0);
     cpu_pool_run(be->pool, nth > T ? (int)(T > 0 ? T : 1) : nth, kv_task, &c);
 out:
