@@ -373,6 +373,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->att_merge_kernel = env_choice(host, "BERTH_CUDA_ATT_MERGE", ENV_NAMES(merge), 1, "'kernel' or 'last'");
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
     be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
+    be->gemv_bps = env_int(host, "BERTH_CUDA_GEMV_BPS", 1, 4, 1, 4, "1..4");
     be->skinny_min_m = env_int(host, "BERTH_CUDA_SKINNY", 0, 64, 1, CU_SKINNY_MIN_M,
                                "0 (off), 1 (on) or the smallest M in 2..64");
     if (be->skinny_min_m == 1) /* on: the default bound */

@@ -145,6 +145,9 @@ struct berth_backend {
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */
+    int gemv_bps;               /* M = 1 products (gemv.cu, not the async kernel): blocks of 256 threads per SM that the
+                                 * team rule fills, 1..4 (env BERTH_CUDA_GEMV_BPS, read at init; default 4; fewer
+                                 * leave room beside a product for the next kernels' blocks; a tuning switch) */
     int skinny_min_m;           /* bf16 mode: products of this many rows up to 64 go to matmul_skinny.cu; 0 = never
                                  * (env BERTH_CUDA_SKINNY: 0 off, 2..64 the bound, read at init; default below) */
     int skinny_max_m;           /* ... and at most this many (env BERTH_CUDA_SKINNY_MAX, 2..64, read at init) */

@@ -361,9 +361,9 @@ cudaError_t cu_gemv1(berth_backend *be, cudaStream_t cs, const cu_gemv1_args &a_
     const int64_t groups = (a.N + RO - 1) / RO;
     const bool async = be->gemv_mode == CU_GEMV_ASYNC;
     /* threads per row pair: the largest power of two that keeps groups * tpr within one wave (n_sms * 4 blocks
-     * of 256; 5 for the async kernel), 32..256, and no wider than a row has chunks */
-    const int64_t want =
-        (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (async ? GV_ASYNC_MIN_BLOCKS : GV_MIN_BLOCKS) * GV_THREADS;
+     * of 256, or be->gemv_bps; 5 for the async kernel), 32..256, and no wider than a row has chunks */
+    const int bps = be->gemv_bps >= 1 && be->gemv_bps <= GV_MIN_BLOCKS ? be->gemv_bps : GV_MIN_BLOCKS;
+    const int64_t want = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (async ? GV_ASYNC_MIN_BLOCKS : bps) * GV_THREADS;
     int lg = 0;
     while (((int64_t)2 << lg) * groups <= want)
         lg++;
