@@ -3,7 +3,8 @@
  * berth_attention_params the same way (device addresses and byte strides of q, out, gate, the sequence metadata,
  * the block table and the paged K/V view; mask, window, scale, softcap), filled once for attention.cu,
  * attention_prefill.cu, attention_decode.cu and attention_decode_mma.cu. A: any of their argument structs (the
- * field names are shared; each file sets its own remaining fields).
+ * field names are shared; each file sets its own remaining fields); and BERTH_CUDA_ATT_PROF's stamp helpers, shared
+ * by the two decode kernels.
  */
 #ifndef BERTH_CUDA_ATTENTION_ARGS_CUH
 #define BERTH_CUDA_ATTENTION_ARGS_CUH
@@ -21,6 +22,16 @@ unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64
  * for the next call. */
 berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned long long *prof, int blocks, int stamps,
                                 const char *what);
+
+/* Device side: thread 0 of the block records the global timer as stamp k of its `stamps` in prof (NULL: nothing). */
+static __device__ __forceinline__ void cu_att_stamp(unsigned long long *prof, int stamps, int k)
+{
+    if (prof && threadIdx.x == 0) {
+        unsigned long long t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+        prof[(size_t)blockIdx.x * stamps + k] = t;
+    }
+}
 
 template <typename A>
 static inline void cu_attn_args_fill(A &a, const berth_attention_params *p)

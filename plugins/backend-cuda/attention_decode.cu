@@ -282,14 +282,7 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 #endif
 #define ADC_STAMPS 6
 #if BERTH_ADC_STAMPS
-#define ADC_STAMP(k)                                                                                           \
-    do {                                                                                                       \
-        if (a.prof && threadIdx.x == 0) {                                                                      \
-            unsigned long long t_;                                                                             \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                              \
-            a.prof[(size_t)blockIdx.x * ADC_STAMPS + (k)] = t_;                                                \
-        }                                                                                                      \
-    } while (0)
+#define ADC_STAMP(k) cu_att_stamp(a.prof, ADC_STAMPS, (k))
 #else
 #define ADC_STAMP(k)                                                                                           \
     do {                                                                                                       \

@@ -115,14 +115,7 @@ struct adm_args {
 /* BERTH_CUDA_ATT_PROF=1 (a measurement switch, eager calls only): thread 0 of every block records the global timer
  * at each phase boundary (cu_att_prof_report prints them). */
 #define ADM_STAMPS 7
-#define ADM_STAMP(k)                                                                                           \
-    do {                                                                                                       \
-        if (a.prof && threadIdx.x == 0) {                                                                      \
-            unsigned long long t_;                                                                             \
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                              \
-            a.prof[(size_t)blockIdx.x * ADM_STAMPS + (k)] = t_;                                                \
-        }                                                                                                      \
-    } while (0)
+#define ADM_STAMP(k) cu_att_stamp(a.prof, ADM_STAMPS, (k))
 
 __device__ __forceinline__ float adm_exp2(float x)
 {

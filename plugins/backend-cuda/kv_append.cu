@@ -4,11 +4,12 @@
  * round to nearest even). Same formulas and order as the CPU backend (plugins/backend-cpu/kv.c).
  *
  * Two blocks per (token, KV head), one for K and one for V, and with the query side (ABI 0.5) one per (token,
- * query head) that normalises and rotates it in place as rms_norm with RoPE would, 128 threads each: each thread keeps up to
- * CU_MAX_HEAD_DIM / 128 elements of the head vector in registers; the RMS sum is a block reduction; RoPE pairs
- * cross threads, so the normalised K goes through shared memory once before the rotation. At decode this is a
- * chain of dependent steps, so it is latency: K and V in blocks of their own run their chains side by side (one
- * block doing K then V took ~5 us of a decode step's critical path on the H200, session 9's kernel timeline), and
+ * query head) that normalises and rotates it in place as rms_norm with RoPE would, 128 threads each: each thread
+ * keeps up to CU_MAX_HEAD_DIM / 128 elements of the head vector in registers; the RMS sum is a block reduction;
+ * RoPE pairs cross threads, so the normalised K goes through shared memory once before the rotation. At decode
+ * this is a chain of dependent steps, so it is latency: K and V in blocks of their own run their chains side by
+ * side (one block doing K then V took ~5 us of a decode step's critical path on the H200, session 9's kernel
+ * timeline), and
  * the norm weights (no kernel writes a BERTH_USAGE_WEIGHTS buffer) are loaded before waiting for the previous
  * kernel (cu_launch, cuda_launch.cuh: programmatic dependent launch).
  *

@@ -8,6 +8,7 @@
  */
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "op_check.h"
@@ -373,6 +374,23 @@ static bool kv_pool_overlaps(const struct opck *c, const berth_tensor *t, const 
     return opck_views_overlap(t, &pool);
 }
 
+/* One of kv_append's norms (side "k", "v" or "q"): a mode it knows, and in the weighted modes a weight vector of n
+ * elements in a weight dtype. */
+static bool check_kv_norm(struct opck *c, const char *side, int32_t mode, const berth_tensor *w, int64_t n)
+{
+    static const char op[] = "kv_append";
+    char name[8];
+    snprintf(name, sizeof name, "%s_norm", side);
+    if (mode < BERTH_NORM_W_NONE || mode > BERTH_NORM_UNIT)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: %s_mode %d is not supported", name, mode);
+    if (!opck_norm_has_weight(mode))
+        return true;
+    if (!opck_present(c, w))
+        return opck_fail(c, BERTH_E_INVALID, "kv_append: %s_mode %d needs the %s weight, which is absent", name, mode,
+                         name);
+    return opck_tensor(c, op, name, w, c->be->weight_dtypes, false) && opck_vector(c, op, name, w, n);
+}
+
 bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
 {
     static const char op[] = "kv_append";
@@ -407,23 +425,8 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
                          p->v.ne[1], p->v.ne[2], p->v.ne[3]);
     if (!opck_vector(c, op, "slots", &p->slots, T))
         return false;
-    if (p->k_norm_mode < BERTH_NORM_W_NONE || p->k_norm_mode > BERTH_NORM_UNIT)
-        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: k_norm_mode %d is not supported", p->k_norm_mode);
-    if (p->v_norm_mode < BERTH_NORM_W_NONE || p->v_norm_mode > BERTH_NORM_UNIT)
-        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: v_norm_mode %d is not supported", p->v_norm_mode);
-    if (opck_norm_has_weight(p->k_norm_mode) && !opck_present(c, &p->k_norm))
-        return opck_fail(c, BERTH_E_INVALID, "kv_append: k_norm_mode %d needs the k_norm weight, which is absent",
-                         p->k_norm_mode);
-    if (opck_norm_has_weight(p->v_norm_mode) && !opck_present(c, &p->v_norm))
-        return opck_fail(c, BERTH_E_INVALID, "kv_append: v_norm_mode %d needs the v_norm weight, which is absent",
-                         p->v_norm_mode);
-    if (opck_norm_has_weight(p->k_norm_mode) &&
-        (!opck_tensor(c, op, "k_norm", &p->k_norm, c->be->weight_dtypes, false) ||
-         !opck_vector(c, op, "k_norm", &p->k_norm, kv->head_dim)))
-        return false;
-    if (opck_norm_has_weight(p->v_norm_mode) &&
-        (!opck_tensor(c, op, "v_norm", &p->v_norm, c->be->weight_dtypes, false) ||
-         !opck_vector(c, op, "v_norm", &p->v_norm, kv->head_dim_v)))
+    if (!check_kv_norm(c, "k", p->k_norm_mode, &p->k_norm, kv->head_dim) ||
+        !check_kv_norm(c, "v", p->v_norm_mode, &p->v_norm, kv->head_dim_v))
         return false;
     if (p->rope_n_pairs != 0) {
         if (!opck_rope_pairs(c, op, p->rope_mode, p->rope_pair_offset, p->rope_n_pairs, kv->head_dim) ||
@@ -440,14 +443,7 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
                          "kv_append: q must be ne {head_dim %d, n_q_heads, T %" PRId64 "}, got {%" PRId64 ", %" PRId64
                          ", %" PRId64 ", %" PRId64 "}", kv->head_dim, T, p->q.ne[0], p->q.ne[1], p->q.ne[2],
                          p->q.ne[3]);
-    if (p->q_norm_mode < BERTH_NORM_W_NONE || p->q_norm_mode > BERTH_NORM_UNIT)
-        return opck_fail(c, BERTH_E_UNSUPPORTED, "kv_append: q_norm_mode %d is not supported", p->q_norm_mode);
-    if (opck_norm_has_weight(p->q_norm_mode) && !opck_present(c, &p->q_norm))
-        return opck_fail(c, BERTH_E_INVALID, "kv_append: q_norm_mode %d needs the q_norm weight, which is absent",
-                         p->q_norm_mode);
-    if (opck_norm_has_weight(p->q_norm_mode) &&
-        (!opck_tensor(c, op, "q_norm", &p->q_norm, c->be->weight_dtypes, false) ||
-         !opck_vector(c, op, "q_norm", &p->q_norm, kv->head_dim)))
+    if (!check_kv_norm(c, "q", p->q_norm_mode, &p->q_norm, kv->head_dim))
         return false;
     if (c->exec) { /* q is written in place while the other tensors are read, in any order */
         if (q_shares_elements(&p->q, &p->k) || q_shares_elements(&p->q, &p->v))

@@ -362,7 +362,7 @@ static berth_status attention_block(struct g4_step *st, int i)
      * one launch fewer), else as one rms_norm */
     /* load() reads the setting; requirements are recorded in both forms (the host checks before load) */
     const int q_in_kv = !ly->kv_shared && (st->record || m->q_in_kv);
-    if (!q_in_kv || (st->record && !ly->kv_shared)) {
+    if (!q_in_kv || st->record) {
         berth_rms_norm_params p;
         rms_params(st, q, &lw->q_norm, NULL, q, &p);
         if (pairs > 0) {
