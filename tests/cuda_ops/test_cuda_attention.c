@@ -342,8 +342,17 @@ static void expect_tensor_core_bound(const struct attn_case *c, const struct poo
                       "%s: host reference vs CPU backend at %zu: cpu %.9g ref %.9g (seed %llu)", what, i,
                       (double)cpu[i], ref[i], (unsigned long long)hx->seed);
 
+    /* How far rounding q alone moves the reference: the proof below needs it to show. */
+    double *ref_u = malloc(sizeof(double) * n);
+    ck_assert(ref_u);
+    memcpy(ref_u, ref, sizeof(double) * n);
+
     /* The GPU within the bound of the reference with q rounded like the kernel. */
     host_attention(c, p, in, c->kv_dt, ref, sw, sa, gs);
+    double q_shift = 0.0;
+    for (size_t i = 0; i < n; i++)
+        q_shift = fmax(q_shift, fabs(ref[i] - ref_u[i]));
+    free(ref_u);
     double worst_frac = 0.0, worst_err = 0.0, max_vs_cpu = 0.0;
     for (size_t i = 0; i < n; i++) {
         const double err = fabs((double)gpu[i] - ref[i]);
@@ -358,16 +367,15 @@ static void expect_tensor_core_bound(const struct attn_case *c, const struct poo
         const double dc = fabs((double)gpu[i] - (double)cpu[i]);
         max_vs_cpu = dc > max_vs_cpu ? dc : max_vs_cpu;
     }
-    /* Proof that the rounding path ran, where rounding shows: bf16, and some row that sees two keys or more (one
-     * key gives P = 1 exactly, so the output is that key's V on either path). */
-    int multi = 0;
-    for (int i = 0; i < c->n_seqs; i++)
-        multi |= in->kvlen[i] >= 2 && (c->window == 0 || c->window >= 2) && in->qstart[i + 1] > in->qstart[i];
-    if (!f16 && multi)
-        ck_assert_msg(max_vs_cpu > 4.0 * tol, "%s: the GPU equals the CPU within %.3g: the tensor-core path (bf16 q "
-                      "and P) did not run", what, max_vs_cpu);
-    printf("%s: tensor cores: largest |gpu - ref| %.3g, %.1f%% of its bound; largest |gpu - cpu| %.3g\n", what,
-           worst_err, 100.0 * worst_frac, max_vs_cpu);
+    /* Proof that the rounding path ran, where rounding shows: bf16, and rounding q alone moves the reference by
+     * 16 fp32 tolerances somewhere (then the GPU, off that reference by P's rounding at most, must be off the
+     * unrounded CPU by 4). Not always so: with Gemma's scale 1 at head dim 512 the softmax of unit-RMS q and k is
+     * often so peaked that one key takes P = 1 on either path (one such case equalled the CPU within 5.9e-5). */
+    if (!f16 && q_shift > 16.0 * tol)
+        ck_assert_msg(max_vs_cpu > 4.0 * tol, "%s: the GPU equals the CPU within %.3g although rounding q moves the "
+                      "reference by %.3g: the tensor-core path (bf16 q and P) did not run", what, max_vs_cpu, q_shift);
+    printf("%s: tensor cores: largest |gpu - ref| %.3g, %.1f%% of its bound; largest |gpu - cpu| %.3g (rounding q "
+           "moves the reference by %.3g)\n", what, worst_err, 100.0 * worst_frac, max_vs_cpu, q_shift);
     fflush(stdout);
     free(ref);
     free(sw);
