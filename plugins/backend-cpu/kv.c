@@ -114,9 +114,7 @@ berth_status cpu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv
     st = cpu_scratch_threads(be, (size_t)(dmax + 2 * (int64_t)p->rope_n_pairs) * sizeof(float));
     if (st != BERTH_OK)
         goto out;
-    struct opck qc = {0};
-    qc.exec = 1;
-    struct kv_ctx c = {.p = p, .be = be, .has_q = opck_kv_append_has_q(&qc, p)};
+    struct kv_ctx c = {.p = p, .be = be, .has_q = opck_kv_append_runs_q(p)};
     const double work = (double)T * kv->n_kv_heads * (double)(kv->head_dim + kv->head_dim_v) * 4.0 +
                         (c.has_q ? (double)T * (double)p->q.ne[1] * (double)p->q.ne[0] * 4.0 : 0.0);
     int nth = cpu_threads_for(be, work, 16384.0);

@@ -355,19 +355,14 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         ADC_STAMP(1);
     }
     __syncthreads(); /* bt_s */
-    if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of the cluster */
+    if (!cu_attn_rows_ok(a, q0, q1)) { /* the same in every block of the cluster */
         if (!waited)
             cu_pdl_wait();
         if (clu)
             adc_cluster_wait();
         return;
     }
-    int32_t kv_len;
-    {
-        const int64_t cap = (int64_t)a.bt_width * a.block_size;
-        const int64_t n = kv_raw < 0 ? 0 : kv_raw;
-        kv_len = (int32_t)(n < cap ? n : cap);
-    }
+    const int32_t kv_len = cu_attn_kv_len(a, kv_raw);
 
     const int nwt = a.cs * W, gw = rank * W + warp; /* warps of the cluster, this one's index */
     const int64_t kdim = (int64_t)g * a.head_stride, vdim = (int64_t)g * a.v_head_stride;

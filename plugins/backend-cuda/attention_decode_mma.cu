@@ -256,17 +256,12 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
     const int g = (int)(rest % (unsigned)a.n_kv_heads);
     const int seq = (int)(rest / (unsigned)a.n_kv_heads);
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
-    if (q0 < 0 || q1 <= q0 || q1 > a.T) { /* the same in every block of this (sequence, KV head): none arrives */
+    if (!cu_attn_rows_ok(a, q0, q1)) { /* the same in every block of this (sequence, KV head): none arrives */
         if (!waited)
             cu_pdl_wait();
         return;
     }
-    int32_t kv_len;
-    {
-        const int64_t cap = (int64_t)a.bt_width * a.block_size;
-        const int64_t n = a.seq_kv_len[seq] < 0 ? 0 : a.seq_kv_len[seq];
-        kv_len = (int32_t)(n < cap ? n : cap);
-    }
+    const int32_t kv_len = cu_attn_kv_len(a, a.seq_kv_len[seq]);
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
     const int h0 = g * a.n_rep;
     const int sh = tid >> 4, sub = tid & 15; /* softmax: head sh, keys sub + 16 r */
@@ -601,7 +596,7 @@ __global__ void __launch_bounds__(ADM_THREADS) adm_merge_kernel(const adm_args a
     const int g = (int)(rest % (unsigned)a.n_kv_heads);
     const int seq = (int)(rest / (unsigned)a.n_kv_heads);
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
-    if (q0 < 0 || q1 <= q0 || q1 > a.T)
+    if (!cu_attn_rows_ok(a, q0, q1))
         return;
     const int c4n = a.DV / 4; /* DV is a multiple of 16 */
     const int i = chunk * ADM_THREADS + (int)threadIdx.x;

@@ -92,6 +92,24 @@ __device__ __forceinline__ void cu_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+/* The decode kernels' reading of untrusted metadata (device data, never read back; berth/backend.h): a sequence
+ * whose query rows [q0, q1) from seq_q_start are empty or not inside [0, T] is skipped (the same answer in every
+ * block of the sequence), and its key count is clamped to [0, the block table's row]. A: a kernel argument struct
+ * with T, bt_width and block_size. */
+template <typename A>
+__device__ __forceinline__ bool cu_attn_rows_ok(const A &a, int32_t q0, int32_t q1)
+{
+    return q0 >= 0 && q1 > q0 && q1 <= a.T;
+}
+
+template <typename A>
+__device__ __forceinline__ int32_t cu_attn_kv_len(const A &a, int32_t raw)
+{
+    const int64_t cap = (int64_t)a.bt_width * a.block_size;
+    const int64_t n = raw < 0 ? 0 : raw;
+    return (int32_t)(n < cap ? n : cap);
+}
+
 /* Keys [lo, hi) that a query at pos sees among kv_len keys under the attention op's mask (BERTH_MASK_*) and
  * sliding window (0: none); hi == lo: none. */
 __device__ __forceinline__ void cu_attn_row_range(int32_t mask, int32_t window, int32_t pos, int32_t kv_len,

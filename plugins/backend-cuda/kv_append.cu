@@ -285,9 +285,7 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
         return BERTH_OK;
     const bool kw = opck_norm_has_weight(p->k_norm_mode), vw = opck_norm_has_weight(p->v_norm_mode);
     const bool rope = p->rope_n_pairs > 0;
-    struct opck qc = {};
-    qc.exec = 1;
-    const bool hq = opck_kv_append_has_q(&qc, p), qw = hq && opck_norm_has_weight(p->q_norm_mode);
+    const bool hq = opck_kv_append_runs_q(p), qw = hq && opck_norm_has_weight(p->q_norm_mode);
     kva_args a = {};
     if (hq) {
         a.q = (float *)cu_ptr(&p->q);

@@ -141,6 +141,11 @@ static inline bool opck_kv_append_has_q(const struct opck *c, const berth_kv_app
 {
     return BERTH_HAS(p, berth_kv_append_params, q_norm) && opck_present(c, &p->q);
 }
+/* The same for an executor, after the checks passed: execution mode's presence rule (a buffer). */
+static inline bool opck_kv_append_runs_q(const berth_kv_append_params *p)
+{
+    return BERTH_HAS(p, berth_kv_append_params, q_norm) && p->q.buf != NULL;
+}
 bool opck_attention(struct opck *c, const berth_attention_params *p);
 bool opck_conv1d_causal(struct opck *c, const berth_conv1d_causal_params *p);
 bool opck_gated_delta(struct opck *c, const berth_gated_delta_params *p);
