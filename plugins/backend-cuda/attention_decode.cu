@@ -92,6 +92,11 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
 #define ADC_WARPS_OF(DT, E, NRW)                                                                                   \
     ((DT) == BERTH_DTYPE_F32 ? ((E) <= 8 && (NRW) <= 2 ? 8 : 4)                                                    \
                              : (((E) <= 8 && (NRW) <= 4) || ((E) == 16 && (NRW) <= 2)) ? 8 : 4)
+/* Fewest query heads per block where a KV head has more: one head per block spread a batch-1 call over 128 SMs
+ * (E2B: 8 heads x 16-block clusters) and measured slower than two (64 blocks, each K/V row read 4 times from L2
+ * instead of 8): 533.0 against 524.4 tok/s at batch 1, unchanged at 2 and 4 sequences, whose shapes already had
+ * two or more (H200, bench/RESULTS.md session 13). */
+#define ADC_MIN_NRW 2
 #define ADC_KB 4                  /* keys per batch (a cp.async group, one softmax step) */
 #define ADC_MAX_CS 16             /* blocks per cluster (above 8: the non-portable size) */
 #define ADC_BT_MAX 1024           /* block-table entries preloaded into shared memory (4 or 8 per thread) */
@@ -902,7 +907,8 @@ static void adc_shape(const berth_backend *be, const berth_attention_params *p, 
 
     /* Cluster size: enough blocks for about two per SM over the whole call, at least att_split_keys keys each
      * (BERTH_CUDA_ATT_SPLIT_KEYS, default 16). Then head groups: halve the heads per block while the call still
-     * fits one block per SM (a small batch spreads over more SMs; each group re-reads K/V from L2). */
+     * fits one block per SM (a small batch spreads over more SMs; each group re-reads K/V from L2), down to
+     * ADC_MIN_NRW heads. */
     const int64_t base = (int64_t)p->n_seqs * kv->n_kv_heads;
     const int64_t sms = be->n_sms > 0 ? be->n_sms : 132;
     int64_t hg = adc_cdiv(n_rep, nrw);
@@ -912,7 +918,7 @@ static void adc_shape(const berth_backend *be, const berth_attention_params *p, 
     const int64_t by_wave = 2 * sms / (base * hg);
     cs = cs < by_wave ? cs : by_wave;
     cs = cs > 1 ? cs : 1;
-    while (nrw > 1) {
+    while (nrw > ADC_MIN_NRW) {
         const int64_t hg2 = adc_cdiv(n_rep, nrw / 2);
         if (base * hg2 * cs > sms)
             break;
