@@ -95,15 +95,6 @@ struct attn_args {
     const int32_t *tile_start; /* [n_seqs + 1]: first tile of each sequence, then the total */
 };
 
-/* seq_kv_len[seq] clamped to what its block-table row can address. */
-__device__ __forceinline__ int32_t att_kv_len(const attn_args &a, int seq)
-{
-    const int64_t cap = (int64_t)a.bt_width * a.block_size;
-    int64_t n = a.seq_kv_len[seq];
-    n = n < 0 ? 0 : n;
-    return (int32_t)(n < cap ? n : cap);
-}
-
 /* Byte offsets (from the pool bases, head g included) of key j's K and V vectors, or -1 when its block-table
  * entry is not a block of the pool. j < kv_len <= bt_width * block_size, so the table read is inside the row. */
 __device__ __forceinline__ void att_key_offsets(const attn_args &a, const int32_t *bt, int32_t j, int g,
@@ -340,7 +331,7 @@ __global__ void __launch_bounds__(ATT_PF_THREADS, MINB) attn_prefill_kernel(cons
     const int64_t r0 = (int64_t)q0 + (int64_t)(tile_s - a.tile_start[seq]) * BM;
     const int64_t qend = a.seq_q_start[seq + 1];
     const int nrows = (int)(qend - r0 < BM ? qend - r0 : BM); /* >= 1: the plan gave this sequence this tile */
-    const int32_t kv_len = att_kv_len(a, seq);
+    const int32_t kv_len = cu_attn_kv_len(a, a.seq_kv_len[seq]);
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
 
     /* Per-row visible ranges and their hull; the rows' q vectors. */
@@ -627,7 +618,7 @@ __global__ void __launch_bounds__(att_mma_cfg<DP, WD>::THREADS, MINB) attn_prefi
     const int64_t r0 = (int64_t)a.seq_q_start[seq] + (int64_t)(tile_s - a.tile_start[seq]) * BM;
     const int64_t qend = a.seq_q_start[seq + 1];
     const int nrows = (int)(qend - r0 < BM ? qend - r0 : BM);
-    const int32_t kv_len = att_kv_len(a, seq);
+    const int32_t kv_len = cu_attn_kv_len(a, a.seq_kv_len[seq]);
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
 
     if (tid < BM) {
@@ -1036,7 +1027,7 @@ __global__ void __launch_bounds__(ATT_DEC_THREADS, ATT_DEC_MIN_BLOCKS) attn_deco
     const int seq = blockIdx.x, g = blockIdx.y, split = blockIdx.z;
     /* Independent loads first: with one row per sequence (the usual decode batch) row seq is the row. */
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
-    const int32_t kv_len = att_kv_len(a, seq);
+    const int32_t kv_len = cu_attn_kv_len(a, a.seq_kv_len[seq]);
     const int32_t pos_seq = a.positions[seq]; /* seq < n_seqs == T */
     if (q0 < 0 || q1 < q0 || q1 > a.T)
         return;

@@ -227,13 +227,7 @@ __global__ void __launch_bounds__(apf_cfg<DP, WD_>::THREADS, 1) apf_kernel(const
     const int32_t q0 = a.seq_q_start[seq];
     const int64_t npacked = (int64_t)(a.seq_q_start[seq + 1] - q0) * a.n_rep;
     const int64_t p0 = (int64_t)(tile_s - a.tile_start[seq]) * M;
-    int32_t kv_len;
-    {
-        const int64_t cap = (int64_t)a.bt_width * a.block_size;
-        int64_t n = a.seq_kv_len[seq];
-        n = n < 0 ? 0 : n;
-        kv_len = (int32_t)(n < cap ? n : cap);
-    }
+    const int32_t kv_len = cu_attn_kv_len(a, a.seq_kv_len[seq]);
     const int32_t *bt = a.block_table + (int64_t)seq * a.bt_stride;
 
     if (tid < M) {

@@ -92,10 +92,10 @@ __device__ __forceinline__ void cu_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-/* The decode kernels' reading of untrusted metadata (device data, never read back; berth/backend.h): a sequence
- * whose query rows [q0, q1) from seq_q_start are empty or not inside [0, T] is skipped (the same answer in every
- * block of the sequence), and its key count is clamped to [0, the block table's row]. A: a kernel argument struct
- * with T, bt_width and block_size. */
+/* The attention kernels' reading of untrusted metadata (device data, never read back; berth/backend.h): in the
+ * decode kernels a sequence whose query rows [q0, q1) from seq_q_start are empty or not inside [0, T] is skipped
+ * (the same answer in every block of the sequence); in all of them its key count is clamped to [0, the block
+ * table's row]. A: a kernel argument struct with T, bt_width and block_size. */
 template <typename A>
 __device__ __forceinline__ bool cu_attn_rows_ok(const A &a, int32_t q0, int32_t q1)
 {

@@ -354,9 +354,8 @@ static bool q_shares_elements(const berth_tensor *q, const berth_tensor *x)
 
 /* Whether view t may touch kv's pool: t in a pool buffer with its byte span inside the blocks' range (conservative:
  * the range of the whole blocks from the lower of the two pool offsets). */
-static bool kv_pool_overlaps(const struct opck *c, const berth_tensor *t, const berth_kv_view *kv)
+static bool kv_pool_overlaps(const berth_tensor *t, const berth_kv_view *kv)
 {
-    (void)c;
     if (t->buf != kv->k_buf && t->buf != kv->v_buf)
         return false;
     berth_tensor pool;
@@ -453,7 +452,7 @@ bool opck_kv_append(struct opck *c, const berth_kv_append_params *p)
         for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
             if (opck_present(c, others[i]) && opck_views_overlap(&p->q, others[i]))
                 return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps one of its other inputs");
-        if (kv_pool_overlaps(c, &p->q, kv))
+        if (kv_pool_overlaps(&p->q, kv))
             return opck_fail(c, BERTH_E_INVALID, "kv_append: q overlaps the KV cache");
     }
     return true;

@@ -364,14 +364,20 @@ static uint64_t fused_layout(berth_model *m)
     return at;
 }
 
+/* The value of `key` in this plugin's config section ([model.gemma4]), NULL when unset or the host has no config
+ * service. */
+static const char *setting(const berth_host *h, const char *key)
+{
+    return BERTH_HAS(h, berth_host, config_get) && h->config_get ? h->config_get(h->ctx, key) : NULL;
+}
+
 /* [model.gemma4] fuse_projections = auto | true | false. auto fuses on a backend without BERTH_CAP_WRAP_HOST (it
  * copies the weights anyway); true also fuses where the weights could be used in place (tests run the fused path
  * on the CPU that way). */
 static berth_status fuse_setting(const berth_model *m, const berth_backend_api *be, int *fuse)
 {
     const berth_host *h = m->host;
-    const char *v = BERTH_HAS(h, berth_host, config_get) && h->config_get ? h->config_get(h->ctx, "fuse_projections")
-                                                                        : NULL;
+    const char *v = setting(h, "fuse_projections");
     if (!v || !*v || strcmp(v, "auto") == 0)
         *fuse = be->device && !(be->device->caps & BERTH_CAP_WRAP_HOST);
     else if (strcmp(v, "true") == 0)
@@ -389,9 +395,7 @@ static berth_status fuse_setting(const berth_model *m, const berth_backend_api *
 static berth_status q_in_kv_setting(const berth_model *m, int *on)
 {
     const berth_host *h = m->host;
-    const char *v = BERTH_HAS(h, berth_host, config_get) && h->config_get ? h->config_get(h->ctx,
-                                                                                         "q_norm_in_kv_append")
-                                                                        : NULL;
+    const char *v = setting(h, "q_norm_in_kv_append");
     if (!v || !*v || strcmp(v, "true") == 0)
         *on = 1;
     else if (strcmp(v, "false") == 0)
