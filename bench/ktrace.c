@@ -12,8 +12,10 @@
  *
  * Output (CSV, one line per kernel, in the order CUPTI delivers its buffers, which is not always start order):
  * start_ns,end_ns,device,stream,graph,graph_node,grid_x,grid_y,grid_z,block_x,block_y,block_z,cluster_x,
- * dyn_smem,regs,name (mangled; the summary demangles). KTRACE_OUT (default ktrace.csv) names the file;
- * KTRACE_MAX (default 2,000,000) caps the records written.
+ * dyn_smem,regs,name (mangled; the summary demangles). Copies and memsets are lines too, grid and block 0, named
+ * "memcpy_HtoD_<bytes>" (HtoD, DtoH, DtoD, other) or "memset_<bytes>": what runs between two graph replays is
+ * part of a step's time. KTRACE_OUT (default ktrace.csv) names the file; KTRACE_MAX (default 2,000,000) caps the
+ * records written.
  */
 #include <cupti.h>
 
@@ -34,6 +36,32 @@ static void CUPTIAPI kt_buffer_requested(uint8_t **buffer, size_t *size, size_t 
     *max_records = 0; /* as many as fit */
 }
 
+/* One copy or memset as a CSV line in the kernels' columns (no grid, block, cluster, smem or registers). */
+static void kt_copy(const CUpti_Activity *rec)
+{
+    char name[64];
+    uint64_t start, end, node;
+    uint32_t dev, stream, graph;
+    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+        const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
+        const char *dir = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
+                          : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
+                          : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOD ? "DtoD"
+                                                                          : "other";
+        snprintf(name, sizeof name, "memcpy_%s_%llu", dir, (unsigned long long)m->bytes);
+        start = m->start, end = m->end, dev = m->deviceId, stream = m->streamId, graph = m->graphId;
+        node = m->graphNodeId;
+    } else {
+        const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
+        snprintf(name, sizeof name, "memset_%llu", (unsigned long long)m->bytes);
+        start = m->start, end = m->end, dev = m->deviceId, stream = m->streamId, graph = m->graphId;
+        node = m->graphNodeId;
+    }
+    fprintf(kt_out, "%llu,%llu,%u,%u,%u,%llu,0,0,0,0,0,0,0,0,0,%s\n", (unsigned long long)start,
+            (unsigned long long)end, dev, stream, graph, (unsigned long long)node, name);
+    kt_written++;
+}
+
 static void CUPTIAPI kt_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
                                          size_t valid)
 {
@@ -42,10 +70,14 @@ static void CUPTIAPI kt_buffer_completed(CUcontext ctx, uint32_t stream, uint8_t
     (void)size;
     CUpti_Activity *rec = NULL;
     while (kt_out && cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
-            continue;
         if (kt_written >= kt_max)
             break;
+        if (rec->kind == CUPTI_ACTIVITY_KIND_MEMCPY || rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+            kt_copy(rec);
+            continue;
+        }
+        if (rec->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && rec->kind != CUPTI_ACTIVITY_KIND_KERNEL)
+            continue;
         const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
         fprintf(kt_out, "%llu,%llu,%u,%u,%u,%llu,%d,%d,%d,%d,%d,%d,%u,%d,%u,%s\n", (unsigned long long)k->start,
                 (unsigned long long)k->end, k->deviceId, k->streamId, k->graphId,
@@ -98,6 +130,10 @@ __attribute__((visibility("default"))) int InitializeInjection(void)
     /* concurrent kernels: the kernel kind would serialise every launch, and with it the overlap we want to see */
     if ((r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL)) != CUPTI_SUCCESS)
         return kt_fail("cuptiActivityEnable (concurrent kernels)", r);
+    if ((r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY)) != CUPTI_SUCCESS)
+        return kt_fail("cuptiActivityEnable (copies)", r);
+    if ((r = cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET)) != CUPTI_SUCCESS)
+        return kt_fail("cuptiActivityEnable (memsets)", r);
     atexit(kt_finish);
     return 1;
 }

@@ -13,6 +13,9 @@ clear of the tail). For that replay it prints:
     i.e. how long the step waits on it. Under programmatic dependent launch a kernel starts early and waits in
     griddepcontrol.wait, so its duration includes that wait: exposed time is the better cost;
   - the largest gaps between one kernel's end and the next one's start (no kernel running);
+  - between the replay and the one before it: the period (first start to first start), the gap with no graph
+    kernel running, and every record that ran in between (copies, memsets, kernels outside the graph) — what
+    the host puts on the stream between two decode steps;
   - with --list A:B, kernels A..B-1 of the replay in launch order: start and end (us from the replay's first
     start), duration, exposed time, name and grid — one layer's chain, to see which kernel waits on which.
 Replays are separated by graph node ids repeating: a replay is one run over the graph's nodes.
@@ -135,6 +138,20 @@ def main():
     print("idle gaps: %d, %.1f us in all; largest:" % (len(gaps), sum(g[0] for g in gaps) / 1e3))
     for g, p, n in gaps[:8]:
         print("  %7.2f us  %s -> %s" % (g / 1e3, p[:50], n[:50]))
+    if len(reps) > a.replay:
+        prev = reps[-a.replay - 1]
+        p0, p1 = prev[0]["start"], max(r["end"] for r in prev)
+        periods = [b[0]["start"] - x[0]["start"] for x, b in zip(reps[-21:-1], reps[-20:])]
+        print("between replays: period %.1f us (median of the last %d: %.1f us), gap %.1f us from the previous "
+              "replay's last end to this one's first start" % ((t0 - p0) / 1e3, len(periods),
+                                                                sorted(periods)[len(periods) // 2] / 1e3,
+                                                                (t0 - p1) / 1e3))
+        others = [r for r in rows if r["graph"] != graph and r["end"] > p1 - 20000 and r["start"] < t0]
+        for r in others:
+            nm = r["name"] if r["name"].startswith("mem") else short(demangle([r["name"]])[r["name"]])
+            print("  %9.2f %9.2f %7.2f  %s%s" % ((r["start"] - p1) / 1e3, (r["end"] - p1) / 1e3,
+                                               (r["end"] - r["start"]) / 1e3, nm[:60],
+                                               " (graph %d)" % r["graph"] if r["graph"] else ""))
     if a.list:
         lo, hi = (int(v) for v in a.list.split(":"))
         print("%4s %9s %9s %7s %7s  %s" % ("#", "start us", "end us", "dur", "exposed", "kernel"))

@@ -33,11 +33,17 @@ struct runner {
     berth_graph **graph;      /* [(max_seqs + 1) * RUNNER_GRAPH_WIDTHS], by bucket size and table-width level */
     uint8_t *graph_seen;      /* same shape: the (bucket, width) ran eagerly once */
 
-    /* One metadata buffer, carved into sections (offsets below); host staging copies beside it. */
+    /* One metadata buffer: the step area, where each step packs its arrays from offset 0 (step_layout: the
+     * offsets below change with the step's sizes, and are the same for every step of one graph key) so that one
+     * copy sends them all; then the sampled outputs at fixed offsets. The h_* arrays live in a host mirror of the
+     * step area at the same offsets (pinned when staged, else on the heap: host_mirror). */
     berth_buffer *meta;
     uint64_t off_tokens, off_positions, off_q_start, off_kv_len, off_logit_rows, off_state_slots, off_ids, off_lp, off_top_ids, off_top_lp;
     uint64_t *off_table, *off_slots; /* per KV group */
-    int32_t *h_tokens, *h_positions, *h_q_start, *h_kv_len, *h_logit_rows, *h_state_slots, *h_table, *h_slots;
+    int32_t *h_tokens, *h_positions, *h_q_start, *h_kv_len, *h_logit_rows, *h_state_slots;
+    uint64_t step_cap;        /* bytes of the step area at its largest */
+    uint64_t off_tables;      /* where this step's block tables begin (after every other array) */
+    char *host_mirror;        /* !staged: the heap mirror of the step area */
     /* On an asynchronous backend whose staging buffers are host-addressable, the step metadata is written straight
      * into one of two pinned mirrors of `meta` (same offsets) and sent with asynchronous copies: no pageable
      * transfers, and the host fills step N+1's mirror while step N's copies may still be in flight. A mirror is
@@ -155,17 +161,11 @@ static void drop_graphs(struct runner *r)
     }
 }
 
-/* The heap copies of the step metadata (alloc_meta); gone once the pinned mirrors take their place. */
+/* The heap mirror of the step area (alloc_meta); gone once the pinned mirrors take its place. */
 static void free_host_meta(struct runner *r)
 {
-    free(r->h_tokens);
-    free(r->h_positions);
-    free(r->h_q_start);
-    free(r->h_kv_len);
-    free(r->h_logit_rows);
-    free(r->h_state_slots);
-    free(r->h_table);
-    free(r->h_slots);
+    free(r->host_mirror);
+    r->host_mirror = NULL;
 }
 
 static void setup_staging(struct runner *r, uint64_t bytes);
@@ -209,18 +209,39 @@ static berth_status alloc_logits(struct runner *r, int32_t rows)
 
 static uint64_t align_up(uint64_t x) { return (x + META_ALIGN - 1) / META_ALIGN * META_ALIGN; }
 
+/* This step's offsets in the step area: tokens, positions, q_start, kv_len, logit_rows, state_slots, the slots of
+ * each KV group, then (step_tables, once the width is known) the block table of each group. Every array at its
+ * largest gives alloc_meta's capacity, so any step fits. */
+static void step_layout(struct runner *r, int32_t tok, int32_t n_seqs, int32_t n_logits)
+{
+    uint64_t off = 0;
+    r->off_tokens = off, off = align_up(off + (uint64_t)tok * 4);
+    r->off_positions = off, off = align_up(off + (uint64_t)tok * 4);
+    r->off_q_start = off, off = align_up(off + (uint64_t)(n_seqs + 1) * 4);
+    r->off_kv_len = off, off = align_up(off + (uint64_t)n_seqs * 4);
+    r->off_logit_rows = off, off = align_up(off + (uint64_t)n_logits * 4);
+    r->off_state_slots = off, off = align_up(off + (uint64_t)n_seqs * 4);
+    for (int32_t g = 0; g < r->layout.n_kv_groups; g++) r->off_slots[g] = off, off = align_up(off + (uint64_t)tok * 4);
+    r->off_tables = off;
+}
+
+/* The block tables' offsets (width entries per sequence); returns the end of the step's arrays. */
+static uint64_t step_tables(struct runner *r, int32_t width, int32_t n_seqs)
+{
+    uint64_t off = r->off_tables;
+    for (int32_t g = 0; g < r->layout.n_kv_groups; g++)
+        r->off_table[g] = off, off = align_up(off + (uint64_t)width * (uint64_t)n_seqs * 4);
+    return off;
+}
+
 static berth_status alloc_meta(struct runner *r)
 {
     int32_t ng = r->layout.n_kv_groups;
     uint64_t T = (uint64_t)r->max_tokens, S = (uint64_t)r->max_seqs;
     uint64_t table = S * (uint64_t)r->table_cap;
-    uint64_t off = 0;
-    r->off_tokens = off, off = align_up(off + T * 4);
-    r->off_positions = off, off = align_up(off + T * 4);
-    r->off_q_start = off, off = align_up(off + (S + 1) * 4);
-    r->off_kv_len = off, off = align_up(off + S * 4);
-    r->off_logit_rows = off, off = align_up(off + T * 4);
-    r->off_state_slots = off, off = align_up(off + S * 4);
+    uint64_t off = 4 * align_up(T * 4) + align_up((S + 1) * 4) + 2 * align_up(S * 4) +
+                   (uint64_t)ng * (align_up(T * 4) + align_up(table * 4));
+    r->step_cap = off;
     r->off_ids = off, off = align_up(off + S * 4);
     r->off_lp = off, off = align_up(off + S * 4);
     r->off_top_ids = off, off = align_up(off + S * RUNNER_MAX_TOP_LOGPROBS * 4);
@@ -229,22 +250,9 @@ static berth_status alloc_meta(struct runner *r)
     r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
     r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
     if (!r->off_table || !r->off_slots || !r->gb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
-    for (int32_t g = 0; g < ng; g++) {
-        r->off_table[g] = off, off = align_up(off + table * 4);
-        r->off_slots[g] = off, off = align_up(off + T * 4);
-    }
-    r->h_tokens = malloc(T * 4);
-    r->h_positions = malloc(T * 4);
-    r->h_q_start = malloc((S + 1) * 4);
-    r->h_kv_len = malloc(S * 4);
-    r->h_logit_rows = malloc(T * 4);
-    r->h_state_slots = malloc(S * 4);
-    r->h_table = malloc((table ? table : 1) * 4);
-    r->h_slots = malloc(T * 4);
+    r->host_mirror = malloc(r->step_cap);
     r->spans = malloc(S * sizeof *r->spans);
-    if (!r->h_tokens || !r->h_positions || !r->h_q_start || !r->h_kv_len || !r->h_logit_rows || !r->h_state_slots ||
-        !r->h_table || !r->h_slots || !r->spans)
-        return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    if (!r->host_mirror || !r->spans) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     berth_status st = r->be->vt->buffer_alloc(r->be->be, off, BERTH_USAGE_ACTIVATIONS, &r->meta);
     if (st) {
         r->meta = NULL;
@@ -255,7 +263,7 @@ static berth_status alloc_meta(struct runner *r)
 }
 
 /* The pinned mirrors (see struct runner). Optional: without them (synchronous backend, no host-addressable staging
- * memory, or an allocation that fails) the h_* arrays stay in host memory and go up with buffer_upload. */
+ * memory, or an allocation that fails) the h_* arrays stay in the heap mirror and go up with buffer_upload. */
 static void setup_staging(struct runner *r, uint64_t bytes)
 {
     const berth_backend_vtable *vt = r->be->vt;
@@ -281,8 +289,20 @@ static void setup_staging(struct runner *r, uint64_t bytes)
     r->stage_serial[0] = r->stage_serial[1] = 0;
 }
 
-/* Point the h_* arrays of the coming step into the next mirror, after making sure its last copies are done: the
- * step that used it has finished (a stream sync or a collected sample since says so), else wait for the stream. */
+/* The step's arrays into this step's mirror (stage_select, step_layout): pointers at the current offsets. */
+static void point_into_mirror(struct runner *r)
+{
+    char *base = r->staged ? r->stage_ptr[r->stage_cur] : r->host_mirror;
+    r->h_tokens = (int32_t *)(base + r->off_tokens);
+    r->h_positions = (int32_t *)(base + r->off_positions);
+    r->h_q_start = (int32_t *)(base + r->off_q_start);
+    r->h_kv_len = (int32_t *)(base + r->off_kv_len);
+    r->h_logit_rows = (int32_t *)(base + r->off_logit_rows);
+    r->h_state_slots = (int32_t *)(base + r->off_state_slots);
+}
+
+/* Switch the coming step to the other pinned mirror, after making sure its last copies are done: the step that
+ * used it has finished (a stream sync or a collected sample since says so), else wait for the stream. */
 static berth_status stage_select(struct runner *r)
 {
     if (!r->staged) return BERTH_OK;
@@ -293,13 +313,6 @@ static berth_status stage_select(struct runner *r)
     }
     r->stage_cur = k;
     r->stage_serial[k] = r->serial + 1; /* the step about to be built */
-    char *base = r->stage_ptr[k];
-    r->h_tokens = (int32_t *)(base + r->off_tokens);
-    r->h_positions = (int32_t *)(base + r->off_positions);
-    r->h_q_start = (int32_t *)(base + r->off_q_start);
-    r->h_kv_len = (int32_t *)(base + r->off_kv_len);
-    r->h_logit_rows = (int32_t *)(base + r->off_logit_rows);
-    r->h_state_slots = (int32_t *)(base + r->off_state_slots);
     return BERTH_OK;
 }
 
@@ -457,7 +470,7 @@ void runner_free(struct runner *r)
     free(r->gb);
     for (int k = 0; k < 2; k++)
         if (r->stage[k]) be->vt->buffer_free(be->be, r->stage[k]);
-    if (!r->staged) free_host_meta(r); /* else they point into the mirrors (their heap copies went at setup) */
+    free_host_meta(r); /* NULL once the pinned mirrors took its place */
     free(r->spans);
     free(r);
 }
@@ -518,16 +531,16 @@ berth_status runner_seq_attach_prefix(struct runner *r, int32_t seq, const int32
 void runner_seq_free(struct runner *r, int32_t seq) { kv_seq_free(r->kv, seq); }
 int32_t runner_seq_len(const struct runner *r, int32_t seq) { return kv_seq_len(r->kv, seq); }
 
-static berth_status upload(struct runner *r, uint64_t off, const void *src, uint64_t bytes)
+/* The step's arrays, [0, bytes) of the mirror, to the device in one transfer: each stream operation costs a few
+ * microseconds of device time between two decode steps whatever its size (ten copies of a few bytes each were
+ * ~25 us of a 1.9 ms batch-1 step on an H200), so the arrays are packed and sent together, padding included. */
+static berth_status send_step(struct runner *r, uint64_t bytes)
 {
-    if (bytes == 0) return BERTH_OK;
     berth_status st;
-    if (r->staged) {
-        /* src is stage_ptr[cur] + off (stage_select): an asynchronous pinned -> device copy at the same offset */
-        st = r->be->vt->buffer_copy(r->be->be, r->stream, r->meta, off, r->stage[r->stage_cur], off, bytes);
-        return st ? fail_with_backend(st, "cannot copy step metadata") : BERTH_OK;
-    }
-    st = r->be->vt->buffer_upload(r->be->be, r->stream, r->meta, off, src, bytes);
+    if (r->staged) /* asynchronous pinned -> device copy */
+        st = r->be->vt->buffer_copy(r->be->be, r->stream, r->meta, 0, r->stage[r->stage_cur], 0, bytes);
+    else
+        st = r->be->vt->buffer_upload(r->be->be, r->stream, r->meta, 0, r->host_mirror, bytes);
     return st ? fail_with_backend(st, "cannot upload step metadata") : BERTH_OK;
 }
 
@@ -642,6 +655,13 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
     berth_status sst = stage_select(r);
     if (sst) return sst;
     r->serial++;
+    {
+        int32_t pad = bucket > n_seqs ? bucket - n_seqs : 0, nl = pad;
+        for (int32_t i = 0; i < n_seqs; i++)
+            nl += steps[i].logits == RUNNER_LOGITS_ALL ? steps[i].n : steps[i].logits == RUNNER_LOGITS_LAST ? 1 : 0;
+        step_layout(r, (int32_t)total + pad, n_seqs + pad, nl);
+        point_into_mirror(r);
+    }
 
     /* Reserve KV blocks, then lay the step out. */
     int32_t n_logits = 0, max_q = 0, max_kv = 0, tok = 0;
@@ -684,14 +704,28 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
 
     berth_status st = alloc_logits(r, n_logits);
     if (st) return st;
-    if ((st = upload(r, r->off_tokens, r->h_tokens, (uint64_t)tok * 4)) ||
-        (st = upload(r, r->off_positions, r->h_positions, (uint64_t)tok * 4)) ||
-        (st = upload(r, r->off_q_start, r->h_q_start, (uint64_t)(n_seqs + 1) * 4)) ||
-        (st = upload(r, r->off_kv_len, r->h_kv_len, (uint64_t)n_seqs * 4)) ||
-        (st = upload(r, r->off_logit_rows, r->h_logit_rows, (uint64_t)n_logits * 4)))
-        return st;
-    if (r->layout.n_states > 0 && (st = upload(r, r->off_state_slots, r->h_state_slots, (uint64_t)n_seqs * 4)))
-        return st;
+
+    /* A graph replays with the block table's shape it was recorded with: a power-of-two width level. */
+    int32_t width = kv_batch_table_width(r->kv, r->spans, n_real), graph_key = 0;
+    if (bucket) {
+        int32_t w = RUNNER_GRAPH_MIN_WIDTH, level = 0;
+        while (w < width && level + 1 < RUNNER_GRAPH_WIDTHS) w *= 2, level++;
+        width = w < r->table_cap ? w : r->table_cap;
+        graph_key = bucket * RUNNER_GRAPH_WIDTHS + level;
+    }
+    const uint64_t step_bytes = step_tables(r, width, n_seqs);
+    char *mirror = r->staged ? r->stage_ptr[r->stage_cur] : r->host_mirror;
+    for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
+        int32_t *h_table = (int32_t *)(mirror + r->off_table[g]), *h_slots = (int32_t *)(mirror + r->off_slots[g]);
+        st = kv_batch_tables(r->kv, g, r->spans, n_real, width, h_table, h_slots);
+        if (st) return st;
+        for (int64_t j = (int64_t)n_real * width; j < (int64_t)n_seqs * width; j++) h_table[j] = -1;
+        for (int32_t t = tok_real; t < tok; t++) h_slots[t] = -1;
+        berth_tensor bt = tensor_2d(r->meta, r->off_table[g], BERTH_DTYPE_I32, width, n_seqs);
+        berth_tensor sl = tensor_1d(r->meta, r->off_slots[g], BERTH_DTYPE_I32, tok);
+        kv_group_batch(r->kv, g, &bt, &sl, &r->gb[g]);
+    }
+    if ((st = send_step(r, step_bytes))) return st;
     /* Fed rows: the sampled ids still on the device, in stream order after the upload above (runs of consecutive
      * rows in one copy; a steady decode batch is one run). */
     for (int32_t i = 0; i < n_real && n_fed > 0;) {
@@ -705,31 +739,6 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
                                     r->meta, r->off_ids + (uint64_t)steps[i].feed_row * 4, (uint64_t)(j - i) * 4);
         if (st) return fail_with_backend(st, "cannot feed the sampled tokens");
         i = j;
-    }
-
-    /* A graph replays with the block table's shape it was recorded with: a power-of-two width level. */
-    int32_t width = kv_batch_table_width(r->kv, r->spans, n_real), graph_key = 0;
-    if (bucket) {
-        int32_t w = RUNNER_GRAPH_MIN_WIDTH, level = 0;
-        while (w < width && level + 1 < RUNNER_GRAPH_WIDTHS) w *= 2, level++;
-        width = w < r->table_cap ? w : r->table_cap;
-        graph_key = bucket * RUNNER_GRAPH_WIDTHS + level;
-    }
-    for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
-        if (r->staged) {
-            r->h_table = (int32_t *)(r->stage_ptr[r->stage_cur] + r->off_table[g]);
-            r->h_slots = (int32_t *)(r->stage_ptr[r->stage_cur] + r->off_slots[g]);
-        }
-        st = kv_batch_tables(r->kv, g, r->spans, n_real, width, r->h_table, r->h_slots);
-        if (st) return st;
-        for (int64_t j = (int64_t)n_real * width; j < (int64_t)n_seqs * width; j++) r->h_table[j] = -1;
-        for (int32_t t = tok_real; t < tok; t++) r->h_slots[t] = -1;
-        if ((st = upload(r, r->off_table[g], r->h_table, (uint64_t)width * (uint64_t)n_seqs * 4)) ||
-            (st = upload(r, r->off_slots[g], r->h_slots, (uint64_t)tok * 4)))
-            return st;
-        berth_tensor bt = tensor_2d(r->meta, r->off_table[g], BERTH_DTYPE_I32, width, n_seqs);
-        berth_tensor sl = tensor_1d(r->meta, r->off_slots[g], BERTH_DTYPE_I32, tok);
-        kv_group_batch(r->kv, g, &bt, &sl, &r->gb[g]);
     }
 
     berth_batch b;

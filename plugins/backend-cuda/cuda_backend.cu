@@ -381,6 +381,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->skinny_max_m = env_int(host, "BERTH_CUDA_SKINNY_MAX", 2, 64, 1, CU_SKINNY_MAX_M, "the largest M in 2..64");
     be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);
     be->xshadow = env_flag(host, "BERTH_CUDA_XSHADOW", 1);
+    /* Small copies as kernels (copy.cu) need pinned memory mapped at the same address: unified addressing. */
+    be->copy_kernel = env_flag(host, "BERTH_CUDA_COPY_KERNEL", 1) && prop.unifiedAddressing;
     /* 32: E2B decode on the H200 +2.5-4.7% at 32 sequences, -7% at 64 with 64 (bench/RESULTS.md session 11) */
     be->skinny_plain = env_int(host, "BERTH_CUDA_SKINNY_PLAIN", 0, 64, 1, CU_SKINNY_PLAIN_M,
                                "0 (off) or the largest M in 1..64");
@@ -864,6 +866,8 @@ static berth_status cuda_buffer_copy(berth_backend *be, berth_stream *s, berth_b
     if ((st = cu_enter(be)) != BERTH_OK)
         return st;
     s->xsh.seq = 0;
+    if (cu_copy_kernel_fits(be, dst, src, nbytes))
+        return cu_copy_small(be, s, (char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset, nbytes);
     return cu_check(be,
                       cudaMemcpyAsync((char *)dst->ptr + dst_offset, (const char *)src->ptr + src_offset, nbytes,
                                       cudaMemcpyDefault, s->cs),

@@ -170,6 +170,8 @@ struct berth_backend {
                                  * init; for tuning runs) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
+    int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing
+                                 * and env BERTH_CUDA_COPY_KERNEL is not 0 (read at init; default 1) */
     int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
                                  * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
                                  * for A/B runs) */
@@ -220,6 +222,13 @@ berth_status cu_check_launch(berth_backend *be, const char *kernel);
 berth_status cu_cublas_check(berth_backend *be, cublasStatus_t s, const char *what);
 /* Every entry point that touches the device starts here: refuse a lost device, make ours current. */
 berth_status cu_enter(berth_backend *be);
+
+/* ---- small copies as a kernel (copy.cu) ---- */
+#define CU_COPY_KERNEL_MAX (256u << 10) /* larger copies go to the copy engine */
+/* 1 when buffer_copy of nbytes from src to dst should take cu_copy_small: enabled, small, not host to host. */
+int cu_copy_kernel_fits(const berth_backend *be, const berth_buffer *dst, const berth_buffer *src, uint64_t nbytes);
+/* nbytes from src to dst (device or pinned host pointers) in stream order on s, as one kernel launch. */
+berth_status cu_copy_small(berth_backend *be, berth_stream *s, void *dst, const void *src, uint64_t nbytes);
 
 /* ---- workspaces (cuda_backend.cu) ---- */
 /* Device scratch of at least bytes on stream s, valid until the op returns (the next op may reuse it). Fails

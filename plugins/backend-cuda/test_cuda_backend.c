@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *plugin_path;
 
@@ -327,6 +328,58 @@ START_TEST(gpu_event_marks_stream_order)
 }
 END_TEST
 
+/* buffer_copy at the sizes and alignments the runner's small transfers have (copy.cu runs those up to 256 KiB as
+ * a kernel that reads and writes pinned memory directly; larger ones go to the copy engine): pinned -> device ->
+ * device -> pinned at odd offsets, in stream order, read on the host after an event (no stream sync): the copied
+ * bytes arrive and the bytes around each range stay untouched. Fresh random bytes each run. */
+START_TEST(gpu_small_copies_keep_bytes_and_order)
+{
+    enum { CAP = (256 << 10) + 64 };
+    static const struct { uint64_t n, src_off, dst_off; } cases[] = {
+        {1, 0, 0},       {3, 1, 5},       {4, 0, 0},     {4, 4, 8},         {17, 3, 0},  {2560, 0, 0},
+        {4101, 7, 2},    {4096, 16, 32},  {65536, 0, 0}, {262144, 0, 0},    {262145, 1, 3}, {262144, 16, 48},
+    };
+    berth_stream *s = NULL;
+    berth_buffer *hsrc = NULL, *hdst = NULL, *d1 = NULL, *d2 = NULL;
+    berth_event *e = NULL;
+    unsigned char *src = NULL, *dst = NULL;
+    ck_assert_int_eq(g_vt->stream_create(g_be, &s), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, CAP, BERTH_USAGE_STAGING, &hsrc), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, CAP, BERTH_USAGE_STAGING, &hdst), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, CAP, BERTH_USAGE_ACTIVATIONS, &d1), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_alloc(g_be, CAP, BERTH_USAGE_ACTIVATIONS, &d2), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_host_ptr(g_be, hsrc, (void **)&src), BERTH_OK);
+    ck_assert_int_eq(g_vt->buffer_host_ptr(g_be, hdst, (void **)&dst), BERTH_OK);
+    ck_assert_int_eq(g_vt->event_create(g_be, &e), BERTH_OK);
+    srand((unsigned)time(NULL));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const uint64_t n = cases[c].n, so = cases[c].src_off, dof = cases[c].dst_off;
+        for (int i = 0; i < CAP; i++) src[i] = (unsigned char)rand();
+        memset(dst, 0xc3, CAP);
+        ck_assert_int_eq(g_vt->buffer_fill(g_be, s, d1, 0, 0x5e, CAP), BERTH_OK);
+        ck_assert_int_eq(g_vt->buffer_fill(g_be, s, d2, 0, 0x6f, CAP), BERTH_OK);
+        ck_assert_int_eq(g_vt->buffer_copy(g_be, s, d1, dof, hsrc, so, n), BERTH_OK);     /* pinned -> device */
+        ck_assert_int_eq(g_vt->buffer_copy(g_be, s, d2, so, d1, dof, n), BERTH_OK);       /* device -> device */
+        ck_assert_int_eq(g_vt->buffer_copy(g_be, s, hdst, dof, d2, so, n), BERTH_OK);     /* device -> pinned */
+        ck_assert_int_eq(g_vt->event_record(g_be, s, e), BERTH_OK);
+        ck_assert_int_eq(g_vt->event_sync(g_be, e), BERTH_OK);
+        for (uint64_t i = 0; i < (uint64_t)CAP; i++) {
+            const unsigned char want = i >= dof && i < dof + n ? src[so + (i - dof)] : 0xc3;
+            ck_assert_msg(dst[i] == want, "case %zu (n %llu, src +%llu, dst +%llu): byte %llu is %u, not %u", c,
+                          (unsigned long long)n, (unsigned long long)so, (unsigned long long)dof,
+                          (unsigned long long)i, dst[i], want);
+        }
+        ck_assert_int_eq(g_vt->stream_sync(g_be, s), BERTH_OK);
+    }
+    g_vt->event_destroy(g_be, e);
+    g_vt->buffer_free(g_be, hsrc);
+    g_vt->buffer_free(g_be, hdst);
+    g_vt->buffer_free(g_be, d1);
+    g_vt->buffer_free(g_be, d2);
+    g_vt->stream_destroy(g_be, s);
+}
+END_TEST
+
 START_TEST(gpu_graph_replays_with_new_contents)
 {
     enum { N = 4096 };
@@ -489,6 +542,7 @@ int main(int argc, char **argv)
         tcase_add_test(tc, gpu_graph_replays_with_new_contents);
         tcase_add_test(tc, gpu_staging_host_ptr);
         tcase_add_test(tc, gpu_event_marks_stream_order);
+        tcase_add_test(tc, gpu_small_copies_keep_bytes_and_order);
         tcase_add_test(tc, gpu_buffers_round_trip);
         tcase_add_test(tc, gpu_range_and_argument_errors);
         tcase_add_test(tc, gpu_out_of_memory_is_reported_and_recoverable);

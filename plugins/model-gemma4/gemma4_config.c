@@ -98,7 +98,7 @@ static berth_status rd_int(const struct rd *r, const char *key, int64_t def, int
 static berth_status rd_int32(const struct rd *r, const char *key, int64_t def, int64_t lo, int64_t hi,
                              int null_mode, int *out)
 {
-    int64_t v;
+    int64_t v = def; /* rd_int sets it on success; initialised for gcc's -Wmaybe-uninitialized at -O2 */
     berth_status st = rd_int(r, key, def, lo, hi, null_mode, &v);
     if (st == BERTH_OK)
         *out = (int)v;
