@@ -1556,6 +1556,58 @@ START_TEST(forward_wiring)
             ck_assert_int_eq(cs[i].value, 1);
     }
 
+    /* the PLE projection's D^-1/2 scale rides in its norm's eps (no pass of its own): eps * 64 */
+    int n_ple_norm = 0;
+    for (int i = 0; i < g_ncalls; i++) {
+        const struct call *c = &g_calls[i];
+        if (c->op == BERTH_OP_UNARY && c->p.un.x.ne[0] == 6 * 8)
+            ck_abort_msg("a separate scale of the PLE projection");
+        if (c->op == BERTH_OP_RMS_NORM && c->p.rn.x.ne[0] == 8 && c->p.rn.resid_mode == BERTH_RESID_ADD_AFTER &&
+            c->p.rn.out_scale == (float)pow(2.0, -0.5)) {
+            ck_assert_float_eq(c->p.rn.eps, (float)(1e-6 * 64));
+            n_ple_norm++;
+        }
+    }
+    ck_assert_int_eq(n_ple_norm, 1);
+
+    /* logit rows must be ascending and distinct (head() relies on it): refused before any op runs */
+    const int32_t rows_down[2] = {3, 2}, rows_same[2] = {3, 3};
+    b.h_logit_rows = rows_down;
+    g_ncalls = 0;
+    ck_assert_int_eq(VT()->forward(m, NULL, &b), BERTH_E_INVALID);
+    ck_assert_str_eq(g_err, "gemma4: logit rows must be ascending and distinct: row 1 names token 2 after token 3");
+    b.h_logit_rows = rows_same;
+    ck_assert_int_eq(VT()->forward(m, NULL, &b), BERTH_E_INVALID);
+    ck_assert_str_eq(g_err, "gemma4: logit rows must be ascending and distinct: row 1 names token 3 after token 3");
+    ck_assert_int_eq(g_ncalls, 0);
+    b.h_logit_rows = rows;
+
+    /* every token a logit row (a decode step): no gather, the final norm reads the residual stream itself */
+    const int32_t d_tokens[2] = {17, 99}, d_pos[2] = {3, 7}, d_qs[3] = {0, 1, 2}, d_kvl[2] = {4, 8}, d_rows[2] = {0, 1};
+    berth_batch d = b;
+    d.n_tokens = 2;
+    d.max_q_len = 1;
+    d.tokens = meta(BERTH_DTYPE_I32, 2, 1);
+    d.positions = meta(BERTH_DTYPE_I32, 2, 1);
+    d.h_tokens = d_tokens;
+    d.h_positions = d_pos;
+    d.h_seq_q_start = d_qs;
+    d.h_seq_kv_len = d_kvl;
+    d.h_logit_rows = d_rows;
+    for (int g = 0; g < 2; g++)
+        kv[g].slots = meta(BERTH_DTYPE_I32, 2, 1);
+    g_ncalls = 0;
+    ck_assert_msg(VT()->forward(m, NULL, &d) == BERTH_OK, "forward (decode): %s", g_err);
+    const struct call *dn = &g_calls[g_ncalls - 3], *dprev = &g_calls[g_ncalls - 4];
+    ck_assert_int_eq(dn->op, BERTH_OP_RMS_NORM);
+    ck_assert_int_eq(dn->p.rn.x.ne[1], 2);
+    ck_assert_int_ne(dprev->op, BERTH_OP_GET_ROWS);
+    ck_assert_int_eq(g_calls[g_ncalls - 2].op, BERTH_OP_MATMUL);
+    ck_assert_int_eq(g_calls[g_ncalls - 1].op, BERTH_OP_UNARY);
+    for (int i = 0; i < g_ncalls; i++)
+        ck_assert_msg(g_calls[i].op != BERTH_OP_GET_ROWS || g_calls[i].p.gr.table.dtype != BERTH_DTYPE_F32,
+                      "call %d gathers f32 rows (the logit rows) in a decode step", i);
+
     /* bad token id: refused before any op runs */
     const int32_t bad[4] = {2, 300, 5, 6};
     b.h_tokens = bad;

@@ -155,7 +155,8 @@ typedef struct berth_batch {
     berth_tensor positions;   /* ne {n_tokens} i32, absolute positions */
     berth_tensor seq_q_start; /* ne {n_seqs+1} i32 */
     berth_tensor seq_kv_len;  /* ne {n_seqs} i32: keys per sequence after this step */
-    berth_tensor logit_rows;  /* ne {n_logits} i32: token indices whose logits are wanted, ascending */
+    berth_tensor logit_rows;  /* ne {n_logits} i32: token indices whose logits are wanted, ascending and distinct
+                               * (so n_logits == n_tokens means 0 .. n_tokens-1, in every replay of a graph too) */
     berth_tensor state_slots; /* ne {n_seqs} i32, or absent when the model has no states */
     /* h_tokens is NULL when the ids are on the device only (berth_model_info.h_tokens_optional, 0.3) */
     const int32_t *h_tokens, *h_positions, *h_seq_q_start, *h_seq_kv_len, *h_logit_rows;

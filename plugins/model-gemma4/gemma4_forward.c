@@ -280,12 +280,17 @@ static berth_kv_view layer_view(const berth_kv_group_batch *g, int index)
 /* --- embeddings and per-layer inputs (§3.2) ---------------------------------------------------------------- */
 
 /* ple = (RMSNorm(ple; w) + token part) * 2^-1/2 in place: the final scale is the norm's out_scale. */
-static berth_status op_ple_norm(struct g4_step *st, berth_tensor ple, const berth_tensor *w, const berth_tensor *tok)
+/* ple = (RMSNorm(z * in_scale; w) + tok) * 2^-1/2 in place, z = ple's rows. RMSNorm(s z) = z / sqrt(mean(z^2) +
+ * eps / s^2) exactly, so the input scale s rides in the norm's eps instead of a pass over z of its own (one kernel
+ * less per step on a GPU; the same value up to fp32 rounding). */
+static berth_status op_ple_norm(struct g4_step *st, berth_tensor ple, const berth_tensor *w, const berth_tensor *tok,
+                                double in_scale)
 {
     berth_rms_norm_params p;
     rms_params(st, ple, w, tok, ple, &p);
+    p.eps = (float)(st->m->cfg->eps / (in_scale * in_scale));
     p.out_scale = (float)pow(2.0, -0.5);
-    return run(st, BERTH_OP_RMS_NORM, &p, "per_layer_projection_norm (* 2^-1/2)");
+    return run(st, BERTH_OP_RMS_NORM, &p, "per_layer_projection_norm (* 2^-1/2; the D^-1/2 scale in eps)");
 }
 
 static berth_status embed(struct g4_step *st)
@@ -311,9 +316,7 @@ static berth_status embed(struct g4_step *st)
     if ((r = op_get_rows(st, &m->w.ple_embed, st->b->tokens, pa, (float)sqrt((double)Dp),
                          "embed_tokens_per_layer")) != BERTH_OK ||
         (r = op_matmul(st, x0, &m->w.ple_model_proj, pl, "per_layer_model_projection")) != BERTH_OK ||
-        (r = op_unary(st, pl, BERTH_ACT_IDENTITY, 1.0f, (float)pow((double)D, -0.5),
-                      "per_layer_model_projection scale")) != BERTH_OK ||
-        (r = op_ple_norm(st, pl_rows, &m->w.ple_proj_norm, &pa_rows)) != BERTH_OK)
+        (r = op_ple_norm(st, pl_rows, &m->w.ple_proj_norm, &pa_rows, pow((double)D, -0.5))) != BERTH_OK)
         return r;
     return BERTH_OK;
 }
@@ -522,10 +525,12 @@ static berth_status head(struct g4_step *st)
     berth_status r;
     if (n == 0)
         return BERTH_OK;
-    /* Gather the wanted rows first: the norm is per row, so the LM head only runs on them. */
+    /* Gather the wanted rows first: the norm is per row, so the LM head only runs on them. When every token is
+     * one (a decode step), logit_rows is 0 .. T-1 (ascending and distinct: model.h), so the norm reads x itself. */
     berth_tensor x = act(st, st->sc->x[st->cur], D, T, 1), z = act(st, st->sc->u, D, n, 1);
-    if ((r = op_get_rows(st, &x, b->logit_rows, z, 1.0f, "logit rows")) != BERTH_OK ||
-        (r = op_rms(st, z, &m->w.final_norm, NULL, z, "norm")) != BERTH_OK ||
+    if (n != T && (r = op_get_rows(st, &x, b->logit_rows, z, 1.0f, "logit rows")) != BERTH_OK)
+        return r;
+    if ((r = op_rms(st, n != T ? z : x, &m->w.final_norm, NULL, z, "norm")) != BERTH_OK ||
         (r = op_matmul(st, z, &m->w.lm_head, b->logits, c->tied ? "lm_head (tied to embed_tokens)" : "lm_head")) !=
             BERTH_OK)
         return r;
@@ -692,10 +697,14 @@ static berth_status check_batch(const berth_model *m, const berth_batch *b)
     for (int s = 0; s < b->n_seqs; s++)
         if (b->h_seq_q_start[s + 1] <= b->h_seq_q_start[s])
             return g4_fail(h, BERTH_E_INVALID, "gemma4: sequence %d of the batch has no new tokens", s);
-    for (int r = 0; r < b->n_logits; r++)
+    for (int r = 0; r < b->n_logits; r++) {
         if (b->h_logit_rows[r] < 0 || b->h_logit_rows[r] >= T)
             return g4_fail(h, BERTH_E_INVALID, "gemma4: logit row %d names token %d of a %d-token batch", r,
                            (int)b->h_logit_rows[r], T);
+        if (r > 0 && b->h_logit_rows[r] <= b->h_logit_rows[r - 1]) /* head() relies on it (model.h) */
+            return g4_fail(h, BERTH_E_INVALID, "gemma4: logit rows must be ascending and distinct: row %d names "
+                           "token %d after token %d", r, (int)b->h_logit_rows[r], (int)b->h_logit_rows[r - 1]);
+    }
     return BERTH_OK;
 }
 
