@@ -687,7 +687,7 @@ berth_status kv_seq_fork(struct kv_cache *kv, int32_t src, int32_t *dst)
 {
     *dst = -1;
     if (!seq_valid(kv, src)) return berth_fail(BERTH_E_INVALID, "KV cache: sequence %d is not in use", (int)src);
-    int32_t d;
+    int32_t d = -1; /* set by take_seq on success; initialised for gcc -O2 -Wmaybe-uninitialized */
     berth_status st = take_seq(kv, &d);
     if (st) return st;
     struct kv_seq *s = &kv->seqs[src], *q = &kv->seqs[d];

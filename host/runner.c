@@ -250,7 +250,7 @@ static berth_status alloc_meta(struct runner *r)
     r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
     r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
     if (!r->off_table || !r->off_slots || !r->gb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
-    r->host_mirror = malloc(r->step_cap);
+    r->host_mirror = calloc(1, r->step_cap); /* its padding is uploaded too: defined bytes */
     r->spans = malloc(S * sizeof *r->spans);
     if (!r->host_mirror || !r->spans) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     berth_status st = r->be->vt->buffer_alloc(r->be->be, off, BERTH_USAGE_ACTIVATIONS, &r->meta);

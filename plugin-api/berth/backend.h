@@ -538,7 +538,8 @@ typedef struct berth_backend_vtable {
      * which on an ASYNC backend returns before the copy ran: the memory must stay unchanged until a stream_sync. */
     berth_status (*buffer_host_ptr)(berth_backend *be, berth_buffer *buf, void **out);
     /* (required) Transfers, ordered on stream s. upload reads src before returning unless the backend is ASYNC
-     * and src is staging memory; download's dst is written by the time stream_sync returns. */
+     * and src is staging memory; download's dst is written by the time stream_sync returns. buffer_copy's two
+     * ranges must not overlap (a backend may copy in any order). */
     berth_status (*buffer_upload)(berth_backend *be, berth_stream *s, berth_buffer *dst, uint64_t offset,
                                   const void *src, uint64_t nbytes);
     berth_status (*buffer_download)(berth_backend *be, berth_stream *s, const berth_buffer *src, uint64_t offset,

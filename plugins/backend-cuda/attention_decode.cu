@@ -44,7 +44,8 @@
  * kernel may write before the wait) on two assumptions, both true of berth's runner and models: (1) the metadata
  * arrays and the keys of earlier forwards were written before the last full stream dependency (a copy, an event
  * wait or a graph launch boundary: every runner step starts by uploading its metadata with a copy, and
- * copy-on-write block copies are copies), so no kernel still in flight writes them; (2) a forward writes a
+ * copy-on-write block copies are copies; the copy kernel of copy.cu keeps that true by having the kernel after it
+ * launched without PDL), so no kernel still in flight writes them; (2) a forward writes a
  * sequence's keys only at its own rows — true of causal self-attention, where a forward appends exactly the
  * tokens it processes, so only causal calls do it (cross-attention, MASK_NONE, may append a whole encoder
  * sequence in the forward that first reads it). A host that computes metadata on the device, or runs forwards

@@ -11,9 +11,15 @@
  *
  * Used by buffer_copy for copies of at most CU_COPY_KERNEL_MAX bytes with at least one side in device memory
  * (host to host stays with the runtime), when the device has unified addressing and BERTH_CUDA_COPY_KERNEL is not
- * 0. Stream order is kept: the kernel follows cu_launch's PDL contract (every thread waits before its first read
- * and write), and a normally launched successor waits for it to complete, which also makes its writes to pinned
- * memory visible to a host that waits on a later event.
+ * 0. Stream order is kept both ways:
+ *  - before it: the kernel follows cu_launch's PDL contract (every thread waits before its first read and write);
+ *  - after it: a copy must stay a full stream dependency, as a copy-engine transfer is, because the decode
+ *    attention, kv_append and the rms+RoPE kernels read the step's metadata before their own PDL wait on that
+ *    assumption (attention_decode.cu, "Reads before the PDL wait"). So the kernel never triggers its successor,
+ *    and it marks its stream (be->pdl_barrier) so that the next cu_launch there goes without PDL: that kernel
+ *    starts only once the copy has completed and its writes are visible, and everything PDL-launched after it is
+ *    ordered after the copy too. A host that waits on an event recorded after the copy sees its writes to pinned
+ *    memory.
  */
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
@@ -28,8 +34,7 @@
 template <int V>
 __global__ void __launch_bounds__(CU_COPY_THREADS) cu_copy_kernel(char *dst, const char *src, uint64_t n)
 {
-    cu_pdl_wait();
-    cu_pdl_trigger();
+    cu_pdl_wait(); /* no cu_pdl_trigger(): see the top comment */
     const uint64_t per_block = (uint64_t)CU_COPY_BLOCK_BYTES;
     for (uint64_t base = (uint64_t)blockIdx.x * per_block; base < n; base += (uint64_t)gridDim.x * per_block) {
         if (V == 16) {
@@ -58,11 +63,15 @@ berth_status cu_copy_small(berth_backend *be, berth_stream *s, void *dst, const 
     char *d = (char *)dst;
     const char *sp = (const char *)src;
     cudaError_t e;
+    if (be->pdl_barrier == s->cs) /* the copy waits before touching memory: after a copy, PDL is safe for it */
+        be->pdl_barrier = nullptr;
     if (a % 16 == 0)
         e = cu_launch(be, s->cs, grid, block, 0, cu_copy_kernel<16>, d, sp, nbytes);
     else if (a % 4 == 0)
         e = cu_launch(be, s->cs, grid, block, 0, cu_copy_kernel<4>, d, sp, nbytes);
     else
         e = cu_launch(be, s->cs, grid, block, 0, cu_copy_kernel<1>, d, sp, nbytes);
+    if (e == cudaSuccess)
+        be->pdl_barrier = s->cs; /* the next kernel waits for the whole copy (top comment) */
     return cu_check(be, e, "cu_copy_kernel");
 }

@@ -374,6 +374,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
     be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
     be->gemv_bps = env_int(host, "BERTH_CUDA_GEMV_BPS", 1, 4, 1, 4, "1..4");
+    be->gemv_early_mib = env_int(host, "BERTH_CUDA_GEMV_EARLY_MIB", 0, CU_GEMV_EARLY_ALL, 1, CU_GEMV_EARLY_ALL,
+                                 "a size in MiB, 0..1048576");
     be->skinny_min_m = env_int(host, "BERTH_CUDA_SKINNY", 0, 64, 1, CU_SKINNY_MIN_M,
                                "0 (off), 1 (on) or the smallest M in 2..64");
     if (be->skinny_min_m == 1) /* on: the default bound */
@@ -640,6 +642,8 @@ static void cuda_stream_destroy(berth_backend *be, berth_stream *s)
         be->streams = s->next;
     if (s->next)
         s->next->prev = s->prev;
+    if (be->pdl_barrier == s->cs) /* a later stream may get the same handle */
+        be->pdl_barrier = NULL;
     stream_free(s);
     (void)cudaGetLastError();
 }

@@ -145,6 +145,9 @@ struct berth_backend {
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */
+    int gemv_early_mib;         /* M = 1 products (gemv.cu): weights of at most this many MiB are loaded before the PDL
+                                 * wait (env BERTH_CUDA_GEMV_EARLY_MIB, read at init; default CU_GEMV_EARLY_ALL: all;
+                                 * a measurement switch: do a big product's early loads delay the kernel before it?) */
     int gemv_bps;               /* M = 1 products (gemv.cu, not the async kernel): blocks of 256 threads per SM that the
                                  * team rule fills, 1..4 (env BERTH_CUDA_GEMV_BPS, read at init; default 4; fewer
                                  * leave room beside a product for the next kernels' blocks; a tuning switch) */
@@ -172,6 +175,9 @@ struct berth_backend {
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing
                                  * and env BERTH_CUDA_COPY_KERNEL is not 0 (read at init; default 1) */
+    cudaStream_t pdl_barrier;   /* the stream whose next cu_launch goes without PDL, a full dependency (set after a
+                                 * copy kernel, copy.cu: copies count as full dependencies for the kernels that read
+                                 * metadata before their PDL wait); NULL: none */
     int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
                                  * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
                                  * for A/B runs) */
@@ -207,6 +213,7 @@ struct berth_backend {
 #define CU_ATT_DECODE_MMA 3      /* attention_decode_mma.cu wherever it serves, else as CLUSTER (=mma) */
 #define CU_ATT_DECODE_AUTO 4     /* small calls CLUSTER, the rest attention_decode_mma.cu where it serves (=auto) */
 
+#define CU_GEMV_EARLY_ALL 1048576 /* BERTH_CUDA_GEMV_EARLY_MIB's default: every weights buffer loads early */
 #define CU_GEMV_NEW 0   /* gemv.cu, loads into registers */
 #define CU_GEMV_OLD 1   /* matmul.cu's general GEMV kernel */
 #define CU_GEMV_ASYNC 2 /* gemv.cu, cp.async loads through shared memory */

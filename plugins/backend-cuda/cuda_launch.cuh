@@ -95,7 +95,10 @@ static cudaError_t cu_launch_cluster(berth_backend *be, cudaStream_t cs, dim3 gr
         n++;
     }
     const unsigned plain_n = n; /* the attributes of a launch without PDL */
-    if (cu_pdl_enabled(be)) {
+    const bool barrier = be->pdl_barrier != nullptr && be->pdl_barrier == cs; /* after a copy kernel (copy.cu) */
+    if (barrier)
+        be->pdl_barrier = nullptr;
+    if (cu_pdl_enabled(be) && !barrier) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n].val.programmaticStreamSerializationAllowed = 1;
         n++;

@@ -807,7 +807,8 @@ static berth_status mm_gemv(berth_backend *be, berth_stream *s, const berth_matm
     a.accumulate = p->accumulate;
     a.bias = p->bias.buf ? cu_ptr(&p->bias) : NULL;
     a.bias_dt = p->bias.dtype;
-    a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
+    a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS &&
+              (uint64_t)N * (uint64_t)a.ldw <= ((uint64_t)be->gemv_early_mib << 20);
     /* 16-byte chunks need every row of w to start 16-byte aligned and to be whole chunks long */
     const bool vec = (uintptr_t)a.w % 16 == 0 && a.ldw % 16 == 0 && (K * es) % 16 == 0;
     a.nch = vec ? K * es / 16 : K;
