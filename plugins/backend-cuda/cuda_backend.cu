@@ -397,6 +397,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->skinny_strict = env_flag(host, "BERTH_CUDA_SKINNY_STRICT", 0);
     static const env_name mg[] = {{"0", 0}, {"8", 8}, {"16", 16}, {"32", 32}};
     be->skinny_mg = env_choice(host, "BERTH_CUDA_SKINNY_MG", ENV_NAMES(mg), 0, "0, 8, 16 or 32");
+    be->skinny_small_splits = env_int(host, "BERTH_CUDA_SKINNY_SMALL_SPLITS", 1, 16, 1, 16, "1..16");
     /* 64 rows of w per block where that tile exists: on the H200 it beat the bandwidth model's own choice end to
      * end (E2B decode, 8 / 16 sequences: 2531 / 4259 tok/s against 2343 / 4146; bench/RESULTS.md session 4). */
     static const env_name bn[] = {{"64", 64}, {"128", 128}, {"256", 256}, {"auto", 0}};

@@ -168,6 +168,9 @@ struct berth_backend {
                                  * BERTH_CUDA_SKINNY_STRICT=1, read at init; tests) */
     int skinny_mg;              /* matmul_skinny.cu: products of more rows run as row groups of this many (8 / 16 /
                                  * 32) along gridDim.z; 0: one group (env BERTH_CUDA_SKINNY_MG, read at init) */
+    int skinny_small_splits;    /* matmul_skinny.cu: the small products' (PLE gate / projection) K split over a cluster
+                                 * at most this many ways, 1..16 (env BERTH_CUDA_SKINNY_SMALL_SPLITS, read at init;
+                                 * default 16 = the planner's limit; a tuning switch) */
     int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256 (default
                                  * 64), 0: its own choice per shape (env BERTH_CUDA_SKINNY_BN=64|128|256|auto, read at
                                  * init; for tuning runs) */

@@ -796,7 +796,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     const int nt = xh ? (mg <= 32 ? 4 : 8) : sk_nt(mg); /* the XH instances: NT 4 and 8 */
 
     sk_plan pl;
-    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, SK_MAX_CLUSTER, groups, xh, &pl))
+    const int max_cluster = small && be->skinny_small_splits < SK_MAX_CLUSTER ? be->skinny_small_splits : SK_MAX_CLUSTER;
+    if (!sk_choose(be, wdt, nt, M, Nout, K, halves, max_cluster, groups, xh, &pl))
         return sk_decline(be, M, N, K, "no tiling fits the device");
     while (pl.splits > 1 && !sk_clusters_fit(pl, groups)) /* fewer, smaller clusters until all fit (1: none) */
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xh, &pl))
