@@ -49,10 +49,14 @@ static void mb_free(berth_backend *be, berth_buffer *buf)
     free(b->p);
     free(b);
 }
+static int n_uploads;          /* buffer_upload calls since the test last reset it */
+static uint64_t last_upload_off;
 static berth_status mb_upload(berth_backend *be, berth_stream *s, berth_buffer *dst, uint64_t off, const void *src,
                               uint64_t n)
 {
     struct mock_buf *b = (struct mock_buf *)dst;
+    n_uploads++;
+    last_upload_off = off;
     if (off + n > b->n) return BERTH_E_INVALID;
     memcpy(b->p + off, src, n);
     return BERTH_OK;
@@ -408,14 +412,20 @@ START_TEST(test_two_sequences_in_one_step)
     ck_assert_int_eq(runner_seq_new(r, &sa), BERTH_OK);
     ck_assert_int_eq(runner_seq_new(r, &sb), BERTH_OK);
     struct runner_seq_step steps[2] = {{sa, a, NA, RUNNER_LOGITS_ALL, 0, 0}, {sb, b, NB, RUNNER_LOGITS_ALL, 0, 0}};
+    n_uploads = 0;
     ck_assert_int_eq(runner_step(r, steps, 2), BERTH_OK);
+    /* a step's metadata (tokens, positions, ranges, logit rows, each group's table and slots) is one transfer */
+    ck_assert_int_eq(n_uploads, 1);
+    ck_assert_uint_eq(last_upload_off, 0);
     ck_assert_int_eq(runner_n_logits(r), NA + NB);
     ck_assert_int_eq(runner_logits(r, 0, NA + NB, got), BERTH_OK);
     assert_rows_equal(ra, got, NA, "seq a in a pair");
     assert_rows_equal(rb, got + NA * VOCAB, NB, "seq b in a pair");
     /* Then one decode row each, in reverse order. */
     struct runner_seq_step dec[2] = {{sb, b + NB, 1, RUNNER_LOGITS_LAST, 1, 0}, {sa, a + NA, 1, RUNNER_LOGITS_LAST, 1, 0}};
+    n_uploads = 0;
     ck_assert_int_eq(runner_step(r, dec, 2), BERTH_OK);
+    ck_assert_int_eq(n_uploads, 1);
     ck_assert_int_eq(runner_logits(r, 0, 2, step2), BERTH_OK);
     assert_rows_equal(rb + NB * VOCAB, step2, 1, "decode b");
     assert_rows_equal(ra + NA * VOCAB, step2 + VOCAB, 1, "decode a");
