@@ -26,6 +26,9 @@
  * metadata and the K/V of keys older than the batch's own rows before their wait (BERTH_CUDA_ATT_PREWAIT), on the
  * assumption about the host written in attention_decode.cu ("Reads before the PDL wait"). Every thread still
  * waits before its first global write and before it exits.
+ * One more exception, the other way: copy.cu's copy kernel stands for a copy, which must stay a full stream
+ * dependency for those early readers, so it never triggers and sets be->pdl_barrier, and the next cu_launch on
+ * that stream goes without PDL.
  * Kernels launched with <<<>>> (attention.cu's prefill and plan kernels, sample.cu, cuBLAS; the decode attention
  * kernels use cu_launch) are unaffected: a normal launch still waits for
  * its predecessor's full completion, and a PDL launch after a kernel that never triggers starts when that
