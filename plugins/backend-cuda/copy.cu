@@ -16,7 +16,7 @@
  *  - after it: a copy must stay a full stream dependency, as a copy-engine transfer is, because the decode
  *    attention, kv_append and the rms+RoPE kernels read the step's metadata before their own PDL wait on that
  *    assumption (attention_decode.cu, "Reads before the PDL wait"). So the kernel never triggers its successor,
- *    and it marks its stream (be->pdl_barrier) so that the next cu_launch there goes without PDL: that kernel
+ *    and it marks its stream (cu_pdl_barrier_set) so that the next cu_launch there goes without PDL: that kernel
  *    starts only once the copy has completed and its writes are visible, and everything PDL-launched after it is
  *    ordered after the copy too. A host that waits on an event recorded after the copy sees its writes to pinned
  *    memory.
@@ -63,8 +63,7 @@ berth_status cu_copy_small(berth_backend *be, berth_stream *s, void *dst, const 
     char *d = (char *)dst;
     const char *sp = (const char *)src;
     cudaError_t e;
-    if (be->pdl_barrier == s->cs) /* the copy waits before touching memory: after a copy, PDL is safe for it */
-        be->pdl_barrier = nullptr;
+    (void)cu_pdl_barrier_take(be, s->cs); /* the copy waits before touching memory: PDL is safe for it */
     if (a % 16 == 0)
         e = cu_launch(be, s->cs, grid, block, 0, cu_copy_kernel<16>, d, sp, nbytes);
     else if (a % 4 == 0)
@@ -72,6 +71,6 @@ berth_status cu_copy_small(berth_backend *be, berth_stream *s, void *dst, const 
     else
         e = cu_launch(be, s->cs, grid, block, 0, cu_copy_kernel<1>, d, sp, nbytes);
     if (e == cudaSuccess)
-        be->pdl_barrier = s->cs; /* the next kernel waits for the whole copy (top comment) */
+        cu_pdl_barrier_set(be, s); /* the next kernel waits for the whole copy (top comment) */
     return cu_check(be, e, "cu_copy_kernel");
 }

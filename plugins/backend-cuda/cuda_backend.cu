@@ -643,8 +643,8 @@ static void cuda_stream_destroy(berth_backend *be, berth_stream *s)
         be->streams = s->next;
     if (s->next)
         s->next->prev = s->prev;
-    if (be->pdl_barrier == s->cs) /* a later stream may get the same handle */
-        be->pdl_barrier = NULL;
+    if (s->pdl_barrier)
+        be->pdl_barriers--;
     stream_free(s);
     (void)cudaGetLastError();
 }
@@ -931,6 +931,9 @@ static berth_status cuda_graph_end(berth_backend *be, berth_stream *s, berth_gra
     *out = NULL;
     be->capturing = 0;
     s->xsh.seq = 0;
+    /* The capture's first kernel took a copy's PDL barrier (cu_launch_cluster); a failed capture is run again
+     * eagerly, after that copy: its first kernel must again go without PDL (after a graph it costs nothing). */
+    cu_pdl_barrier_set(be, s);
     (void)cudaSetDevice(be->device);
     cudaGraph_t graph = NULL;
     berth_status st = cu_check(be, cudaStreamEndCapture(s->cs, &graph), "cudaStreamEndCapture");

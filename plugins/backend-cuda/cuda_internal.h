@@ -101,6 +101,8 @@ struct berth_stream {
     uint64_t op_seq;            /* ops called on this stream (cuda_backend.cu's op table counts them) */
     uint16_t *xsh_buf;          /* device: CU_XSH_BYTES for xsh (BF16 compute mode; else NULL) */
     struct cu_xshadow xsh;
+    int pdl_barrier;            /* the next cu_launch on this stream goes without PDL: a full dependency after a copy
+                                 * kernel (copy.cu) or a capture's end (cu_pdl_barrier_set / _take) */
 };
 
 #define CU_ATT_COUNTERS 4096
@@ -145,8 +147,8 @@ struct berth_backend {
                                  * (env BERTH_CUDA_ATT_PREWAIT=1|0, read at init; default 1) */
     int gemv_mode;              /* M = 1 products: CU_GEMV_* (env BERTH_CUDA_GEMV=new|async|old, read at init;
                                  * default new; for A/B runs) */
-    int gemv_early_mib;         /* M = 1 products (gemv.cu): weights of at most this many MiB are loaded before the PDL
-                                 * wait (env BERTH_CUDA_GEMV_EARLY_MIB, read at init; default CU_GEMV_EARLY_ALL: all;
+    int gemv_early_mib;         /* GEMV products (gemv.cu's and matmul.cu's kernels, M <= 8): weights of at most this
+                                 * many MiB are loaded before the PDL wait (env BERTH_CUDA_GEMV_EARLY_MIB, read at init; default CU_GEMV_EARLY_ALL: all;
                                  * a measurement switch: do a big product's early loads delay the kernel before it?) */
     int gemv_bps;               /* M = 1 products (gemv.cu, not the async kernel): blocks of 256 threads per SM that the
                                  * team rule fills, 1..4 (env BERTH_CUDA_GEMV_BPS, read at init; default 4; fewer
@@ -178,9 +180,9 @@ struct berth_backend {
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing
                                  * and env BERTH_CUDA_COPY_KERNEL is not 0 (read at init; default 1) */
-    cudaStream_t pdl_barrier;   /* the stream whose next cu_launch goes without PDL, a full dependency (set after a
-                                 * copy kernel, copy.cu: copies count as full dependencies for the kernels that read
-                                 * metadata before their PDL wait); NULL: none */
+    int pdl_barriers;           /* streams whose pdl_barrier is set (cu_pdl_barrier_take looks only when > 0): copies
+                                 * count as full dependencies for the kernels that read metadata before their PDL
+                                 * wait (copy.cu) */
     int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
                                  * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
                                  * for A/B runs) */
@@ -188,6 +190,31 @@ struct berth_backend {
                                  * measurement switch for ablation runs: results are wrong by design; the time a
                                  * step loses tells what those launches cost on the critical path */
 };
+/* Mark s: its next cu_launch goes without PDL (copy.cu, graph_end). */
+static inline void cu_pdl_barrier_set(berth_backend *be, berth_stream *s)
+{
+    if (!s->pdl_barrier) {
+        s->pdl_barrier = 1;
+        be->pdl_barriers++;
+    }
+}
+
+/* Whether the stream with handle cs is marked; clears the mark (cu_launch_cluster, copy.cu). */
+static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
+{
+    if (be->pdl_barriers == 0)
+        return false;
+    for (berth_stream *s = be->streams; s; s = s->next)
+        if (s->cs == cs) {
+            if (!s->pdl_barrier)
+                return false;
+            s->pdl_barrier = 0;
+            be->pdl_barriers--;
+            return true;
+        }
+    return false;
+}
+
 
 #define CU_SKIP_YNORM 1u  /* a matmul's trailing norm (y_norm) */
 #define CU_SKIP_ROPE 2u   /* rms_norm ops with RoPE (q-norm + RoPE) */

@@ -27,10 +27,11 @@
  * assumption about the host written in attention_decode.cu ("Reads before the PDL wait"). Every thread still
  * waits before its first global write and before it exits.
  * One more exception, the other way: copy.cu's copy kernel stands for a copy, which must stay a full stream
- * dependency for those early readers, so it never triggers and sets be->pdl_barrier, and the next cu_launch on
- * that stream goes without PDL.
- * Kernels launched with <<<>>> (attention.cu's prefill and plan kernels, sample.cu, cuBLAS; the decode attention
- * kernels use cu_launch) are unaffected: a normal launch still waits for
+ * dependency for those early readers, so it never triggers and marks its stream (cu_pdl_barrier_set), and the
+ * next cu_launch on that stream goes without PDL (graph_end marks the stream too: a capture that fails is run
+ * again eagerly, and the capture took the mark).
+ * Kernels launched with <<<>>> (attention.cu's prefill and plan kernels, sample.cu's sampling kernels but not its
+ * argmax, cuBLAS; the decode attention kernels use cu_launch) are unaffected: a normal launch still waits for
  * its predecessor's full completion, and a PDL launch after a kernel that never triggers starts when that
  * kernel's warps have finished (griddepcontrol.wait still waits for the memory flush).
  *
@@ -98,9 +99,7 @@ static cudaError_t cu_launch_cluster(berth_backend *be, cudaStream_t cs, dim3 gr
         n++;
     }
     const unsigned plain_n = n; /* the attributes of a launch without PDL */
-    const bool barrier = be->pdl_barrier != nullptr && be->pdl_barrier == cs; /* after a copy kernel (copy.cu) */
-    if (barrier)
-        be->pdl_barrier = nullptr;
+    const bool barrier = cu_pdl_barrier_take(be, cs); /* after a copy kernel (copy.cu) or a capture's end */
     if (cu_pdl_enabled(be) && !barrier) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n].val.programmaticStreamSerializationAllowed = 1;
