@@ -147,8 +147,9 @@ def main():
                                                                 sorted(periods)[len(periods) // 2] / 1e3,
                                                                 (t0 - p1) / 1e3))
         others = [r for r in rows if r["graph"] != graph and r["end"] > p1 - 20000 and r["start"] < t0]
+        other_names = demangle(sorted({r["name"] for r in others if not r["name"].startswith("mem")}))
         for r in others:
-            nm = r["name"] if r["name"].startswith("mem") else short(demangle([r["name"]])[r["name"]])
+            nm = r["name"] if r["name"].startswith("mem") else short(other_names[r["name"]])
             print("  %9.2f %9.2f %7.2f  %s%s" % ((r["start"] - p1) / 1e3, (r["end"] - p1) / 1e3,
                                                (r["end"] - r["start"]) / 1e3, nm[:60],
                                                " (graph %d)" % r["graph"] if r["graph"] else ""))

@@ -237,19 +237,19 @@ static uint64_t step_tables(struct runner *r, int32_t width, int32_t n_seqs)
 static berth_status alloc_meta(struct runner *r)
 {
     int32_t ng = r->layout.n_kv_groups;
-    uint64_t T = (uint64_t)r->max_tokens, S = (uint64_t)r->max_seqs;
-    uint64_t table = S * (uint64_t)r->table_cap;
-    uint64_t off = 4 * align_up(T * 4) + align_up((S + 1) * 4) + 2 * align_up(S * 4) +
-                   (uint64_t)ng * (align_up(T * 4) + align_up(table * 4));
+    uint64_t S = (uint64_t)r->max_seqs;
+    r->off_table = calloc((size_t)(ng ? ng : 1), sizeof *r->off_table);
+    r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
+    r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
+    if (!r->off_table || !r->off_slots || !r->gb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
+    /* the step area's capacity: the layout of the largest step (every size at its bound) */
+    step_layout(r, r->max_tokens, r->max_seqs, r->max_tokens);
+    uint64_t off = step_tables(r, r->table_cap, r->max_seqs);
     r->step_cap = off;
     r->off_ids = off, off = align_up(off + S * 4);
     r->off_lp = off, off = align_up(off + S * 4);
     r->off_top_ids = off, off = align_up(off + S * RUNNER_MAX_TOP_LOGPROBS * 4);
     r->off_top_lp = off, off = align_up(off + S * RUNNER_MAX_TOP_LOGPROBS * 4);
-    r->off_table = calloc((size_t)(ng ? ng : 1), sizeof *r->off_table);
-    r->off_slots = calloc((size_t)(ng ? ng : 1), sizeof *r->off_slots);
-    r->gb = calloc((size_t)(ng ? ng : 1), sizeof *r->gb);
-    if (!r->off_table || !r->off_slots || !r->gb) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
     r->host_mirror = calloc(1, r->step_cap); /* its padding is uploaded too: defined bytes */
     r->spans = malloc(S * sizeof *r->spans);
     if (!r->host_mirror || !r->spans) return berth_fail(BERTH_E_NOMEM, "runner: out of host memory");
@@ -289,10 +289,13 @@ static void setup_staging(struct runner *r, uint64_t bytes)
     r->stage_serial[0] = r->stage_serial[1] = 0;
 }
 
+/* This step's host mirror of the step area: the current pinned one (stage_select) or the heap one. */
+static char *step_mirror(const struct runner *r) { return r->staged ? r->stage_ptr[r->stage_cur] : r->host_mirror; }
+
 /* The step's arrays into this step's mirror (stage_select, step_layout): pointers at the current offsets. */
 static void point_into_mirror(struct runner *r)
 {
-    char *base = r->staged ? r->stage_ptr[r->stage_cur] : r->host_mirror;
+    char *base = step_mirror(r);
     r->h_tokens = (int32_t *)(base + r->off_tokens);
     r->h_positions = (int32_t *)(base + r->off_positions);
     r->h_q_start = (int32_t *)(base + r->off_q_start);
@@ -714,7 +717,7 @@ berth_status runner_step(struct runner *r, const struct runner_seq_step *steps, 
         graph_key = bucket * RUNNER_GRAPH_WIDTHS + level;
     }
     const uint64_t step_bytes = step_tables(r, width, n_seqs);
-    char *mirror = r->staged ? r->stage_ptr[r->stage_cur] : r->host_mirror;
+    char *mirror = step_mirror(r);
     for (int32_t g = 0; g < r->layout.n_kv_groups; g++) {
         int32_t *h_table = (int32_t *)(mirror + r->off_table[g]), *h_slots = (int32_t *)(mirror + r->off_slots[g]);
         st = kv_batch_tables(r->kv, g, r->spans, n_real, width, h_table, h_slots);
