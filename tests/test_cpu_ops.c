@@ -1118,6 +1118,130 @@ START_TEST(test_norm_then_matmul)
 }
 END_TEST
 
+/* A pair of products (y_then, ABI 0.6), shaped as Gemma 4's per-layer-input block: the post-FF norm (x_pre), the
+ * gate with gelu(.) * up (strided rows) as its epilogue, then the projection of that narrow y with the post-PLE
+ * norm (* scale, second output) as its y_norm — bit-identical to the four ops in turn, every output written; the
+ * second product's x must be the first's y; it takes no x_pre, x_norm, accumulate or y_then of its own, and the
+ * first no y_norm; a refused pair writes nothing. */
+START_TEST(test_matmul_pair)
+{
+    const int64_t D = 96, P = 24;
+    for (int64_t M = 1; M <= 9; M += 4) {
+        char what[64];
+        snprintf(what, sizeof what, "matmul pair M=%lld", (long long)M);
+        struct tt a0 = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 1), res = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 0);
+        struct tt fw = tt_new(BERTH_DTYPE_BF16, D, 1, 1, 1, 0), pw = tt_new(BERTH_DTYPE_BF16, D, 1, 1, 1, 0);
+        struct tt nw = tt_new(BERTH_DTYPE_BF16, D, 1, 1, 1, 0);
+        struct tt wg = tt_new(BERTH_DTYPE_BF16, D, P, 1, 1, 0), wp = tt_new(BERTH_DTYPE_BF16, P, D, 1, 1, 0);
+        struct tt up = tt_new(BERTH_DTYPE_F32, P, M, 1, 1, 3); /* strided rows, as a layer's slice of the table */
+        struct tt h[2], g[2], a[2], o[2], u[2];
+        for (int k = 0; k < 2; k++) {
+            h[k] = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 0);
+            g[k] = tt_new(BERTH_DTYPE_F32, P, M, 1, 1, 0);
+            a[k] = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 0);
+            o[k] = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 0);
+            u[k] = tt_new(BERTH_DTYPE_F32, D, M, 1, 1, 0);
+        }
+        trand(&a0.t, -2, 2);
+        trand(&res.t, -1, 1);
+        trand(&fw.t, -1, 1);
+        trand(&pw.t, -1, 1);
+        trand(&nw.t, -1, 1);
+        trand(&wg.t, -0.3, 0.3);
+        trand(&wp.t, -0.3, 0.3);
+        trand(&up.t, -2, 2);
+        berth_rms_norm_params ff[2], post[2];
+        berth_matmul_params gate[2], proj[2];
+        for (int k = 0; k < 2; k++) {
+            ff[k] = (berth_rms_norm_params){.struct_size = sizeof ff[k], .weight_mode = BERTH_NORM_W,
+                                            .resid_mode = BERTH_RESID_ADD_AFTER, .eps = 1e-6f, .x = a0.t,
+                                            .w = fw.t, .residual = res.t, .y = h[k].t};
+            gate[k] = (berth_matmul_params){.struct_size = sizeof gate[k], .x = h[k].t, .w = wg.t, .y = g[k].t,
+                                            .y_glu = BERTH_GLU_MUL, .y_glu_act = BERTH_ACT_GELU_TANH,
+                                            .y_glu_up = up.t};
+            post[k] = (berth_rms_norm_params){.struct_size = sizeof post[k], .weight_mode = BERTH_NORM_W,
+                                              .resid_mode = BERTH_RESID_ADD_AFTER, .eps = 1e-6f, .x = a[k].t,
+                                              .w = pw.t, .residual = h[k].t, .y = o[k].t, .out_scale = 0.75f,
+                                              .y2_weight_mode = BERTH_NORM_W, .y2_w = nw.t, .y2 = u[k].t};
+            proj[k] = (berth_matmul_params){.struct_size = sizeof proj[k], .x = g[k].t, .w = wp.t, .y = a[k].t};
+        }
+        /* reference: four ops */
+        CHECK(ops->rms_norm(be, st, &ff[0]) == BERTH_OK, "%s", g_last_error);
+        CHECK(ops->matmul(be, st, &gate[0]) == BERTH_OK, "%s", g_last_error);
+        CHECK(ops->matmul(be, st, &proj[0]) == BERTH_OK, "%s", g_last_error);
+        CHECK(ops->rms_norm(be, st, &post[0]) == BERTH_OK, "%s", g_last_error);
+        /* one op */
+        gate[1].x_pre = &ff[1];
+        gate[1].y_then = &proj[1];
+        proj[1].y_norm = &post[1];
+        ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &gate[1]), BERTH_OK);
+        CHECK(ops->matmul(be, st, &gate[1]) == BERTH_OK, "%s", g_last_error);
+        same_bits(&h[1].t, &h[0].t, what);
+        same_bits(&g[1].t, &g[0].t, what);
+        same_bits(&a[1].t, &a[0].t, what);
+        same_bits(&o[1].t, &o[0].t, what);
+        same_bits(&u[1].t, &u[0].t, what);
+        /* refusals, before anything is written */
+        tpoison(&h[1].t);
+        tpoison(&g[1].t);
+        tpoison(&a[1].t);
+        tpoison(&o[1].t);
+        tpoison(&u[1].t);
+        proj[1].x = g[0].t; /* not the first product's y */
+        expect_error(ops->matmul(be, st, &gate[1]), BERTH_E_INVALID,
+                     "matmul: y_then's x must be the matmul's y (same buffer, offset, dtype, shape and strides)");
+        expect_unsupported(BERTH_OP_MATMUL, &gate[1],
+                           "matmul: y_then's x must be the matmul's y (same buffer, offset, dtype, shape and strides)");
+        proj[1].x = g[1].t;
+        proj[1].w.ne[0] = P - 1; /* the second product's own rules, named as its */
+        proj[1].w.nb[1] = (P - 1) * 2;
+        expect_error(ops->matmul(be, st, &gate[1]), BERTH_E_INVALID,
+                     "matmul: y_then: matmul: x ne[0] = 24 but w ne[0] (K) = 23");
+        proj[1].w = wp.t;
+        proj[1].accumulate = 1;
+        proj[1].y_norm = NULL;
+        expect_error(ops->matmul(be, st, &gate[1]), BERTH_E_UNSUPPORTED,
+                     "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
+        expect_unsupported(BERTH_OP_MATMUL, &gate[1],
+                           "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
+        proj[1].accumulate = 0;
+        proj[1].y_norm = &post[1];
+        berth_rms_norm_params yn = {.struct_size = sizeof yn, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f,
+                                    .x = g[1].t, .residual = absent, .y = g[1].t};
+        berth_matmul_params plain = gate[1];
+        plain.x_pre = NULL;
+        plain.y_norm = &yn;
+        expect_error(ops->matmul(be, st, &plain), BERTH_E_UNSUPPORTED, "matmul: y_then and y_norm cannot be combined");
+        expect_unsupported(BERTH_OP_MATMUL, &plain, "matmul: y_then and y_norm cannot be combined");
+        still_poisoned(&h[1].t, what);
+        still_poisoned(&g[1].t, what);
+        still_poisoned(&a[1].t, what);
+        still_poisoned(&o[1].t, what);
+        still_poisoned(&u[1].t, what);
+        /* an older caller's struct stops before y_then: the first product alone */
+        gate[1].struct_size = BERTH_SIZE_TO(berth_matmul_params, x_pre);
+        CHECK(ops->matmul(be, st, &gate[1]) == BERTH_OK, "%s", g_last_error);
+        same_bits(&g[1].t, &g[0].t, what);
+        still_poisoned(&a[1].t, what);
+        tt_free(&a0);
+        tt_free(&res);
+        tt_free(&fw);
+        tt_free(&pw);
+        tt_free(&nw);
+        tt_free(&wg);
+        tt_free(&wp);
+        tt_free(&up);
+        for (int k = 0; k < 2; k++) {
+            tt_free(&h[k]);
+            tt_free(&g[k]);
+            tt_free(&a[k]);
+            tt_free(&o[k]);
+            tt_free(&u[k]);
+        }
+    }
+}
+END_TEST
+
 /* A caller compiled before the 0.3 fields (struct_size up to y) gets a plain rms_norm whatever follows. */
 START_TEST(test_rms_norm_old_caller)
 {
@@ -1602,6 +1726,7 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_rms_norm_second_output);
     tcase_add_test(tc, test_matmul_then_norm);
     tcase_add_test(tc, test_norm_then_matmul);
+    tcase_add_test(tc, test_matmul_pair);
     tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);

@@ -864,11 +864,21 @@ START_TEST(create_info_layout_requirements)
         if (r[i]->op == BERTH_OP_MATMUL) /* a missing checkpoint reads as f32 here */
             ck_assert_int_eq(((const berth_matmul_params *)r[i]->params)->w.dtype, BERTH_DTYPE_F32);
         /* a norm is an rms_norm op or a matmul's norm before the product (x_pre: each post-norm goes with the
-         * product that reads its output, whose x is the norm's y2, else its y); no trailing norms (y_norm) */
+         * product that reads its output, whose x is the norm's y2, else its y); no trailing norms (y_norm), also
+         * not on the PLE projection, the PLE gate's second product (y_then) */
         const berth_matmul_params *mp = r[i]->op == BERTH_OP_MATMUL ? r[i]->params : NULL;
         const berth_rms_norm_params *xp = mp ? mp->x_pre : NULL;
+        const berth_matmul_params *yt = mp ? mp->y_then : NULL;
+        const berth_rms_norm_params *tn = yt ? yt->y_norm : NULL;
         if (mp)
             ck_assert_msg(mp->y_norm == NULL, "%s", r[i]->what);
+        if (yt) {
+            ck_assert_msg(xp && !tn && !yt->x_pre && !yt->y_then, "%s", r[i]->what);
+            ck_assert_mem_eq(&yt->x, &mp->y, sizeof mp->y);
+            ck_assert_int_eq(yt->w.ne[0], 8); /* [hidden 64, ple 8] */
+            ck_assert_int_eq(yt->w.ne[1], 64);
+            ck_assert_msg(strstr(r[i]->what, ", then a matmul of y by a f32 weight [64, 8])"), "%s", r[i]->what);
+        }
         if (xp) {
             const char *what = r[i]->what;
             const int y2 = xp->y2.ne[0] != 0;
@@ -880,8 +890,9 @@ START_TEST(create_info_layout_requirements)
             if (starts(what, "matmul post_attention_layernorm (+ pre_feedforward_layernorm), then mlp.")) {
                 ck_assert(y2 && xp->out_scale == 0.0f); /* the pre-FF norm into gate|up, or up */
                 n_pre_attn++;
-            } else if (starts(what, "matmul post_feedforward_layernorm, then per_layer_input_gate (")) {
-                ck_assert(!y2 && xp->out_scale == 0.0f && mp->y_glu == BERTH_GLU_MUL);
+            } else if (starts(what, "matmul post_feedforward_layernorm, then per_layer_input_gate, "
+                                    "per_layer_projection (")) {
+                ck_assert(!y2 && xp->out_scale == 0.0f && mp->y_glu == BERTH_GLU_MUL && yt);
                 n_pre_ff++;
             } else if (starts(what, "matmul post_per_layer_input_norm (* layer_scalar, + input_layernorm), "
                                     "then q_proj")) {
@@ -897,8 +908,11 @@ START_TEST(create_info_layout_requirements)
             ck_assert_int_eq(((const berth_rms_norm_params *)r[i]->params)->y2.ne[0], 0);
             n_alone_ple++;
         }
-        if (r[i]->op == BERTH_OP_RMS_NORM || xp) {
-            const berth_rms_norm_params *p = xp ? xp : r[i]->params;
+        const berth_rms_norm_params *norms[2] = {r[i]->op == BERTH_OP_RMS_NORM ? r[i]->params : xp, tn};
+        for (int k = 0; k < 2; k++) {
+            const berth_rms_norm_params *p = norms[k];
+            if (!p)
+                continue;
             if (p->rope_n_pairs > 0) { /* q_norm + RoPE: per head, positions per token, the type's pairs */
                 ck_assert_int_eq(p->rope_mode, BERTH_ROPE_HALF);
                 ck_assert_int_eq(p->rope_pair_offset, p->x.ne[0] / 2);
@@ -924,9 +938,9 @@ START_TEST(create_info_layout_requirements)
     ck_assert(seen16 && seen32);
     ck_assert_int_eq(n_rope_norms, 2);
     /* norms before a product, one requirement per distinct consumer: the post-attention norm with up_proj and
-     * with gate|up at both MLP widths (128, 256), the post-FF norm with the PLE gate, the post-PLE norm with the
-     * next layer's q_proj or fused q|k|v: 64 rows (sliding q), 128 (full q; a sliding q|k|v has the same shape and
-     * parameters) and 256 (full q|k|v) */
+     * with gate|up at both MLP widths (128, 256), the post-FF norm with the PLE pair (gate, then projection), the
+     * post-PLE norm with the next layer's q_proj or fused q|k|v: 64 rows (sliding q), 128 (full q; a sliding q|k|v
+     * has the same shape and parameters) and 256 (full q|k|v) */
     ck_assert_int_eq(n_pre_attn, 4);
     ck_assert_int_eq(n_pre_ff, 1);
     ck_assert_int_eq(n_pre_ple, 3);
@@ -1095,7 +1109,8 @@ struct call {
 };
 static struct call g_calls[MAX_CALLS];
 static int g_ncalls;
-static int g_n_x_pre; /* matmuls that came with a norm before the product */
+static int g_n_x_pre;  /* matmuls that came with a norm before the product */
+static int g_n_y_then; /* matmuls that came with a second product (y_then) */
 
 static berth_status fb_alloc(berth_backend *be, uint64_t nbytes, int32_t usage, berth_buffer **out)
 {
@@ -1158,7 +1173,8 @@ static berth_status fb_upload(berth_backend *be, berth_stream *s, berth_buffer *
         return BERTH_OK;                                                                                       \
     }
 /* A matmul with a norm before it (x_pre) is recorded as that rms_norm as a call of its own, then the matmul; one
- * with a trailing norm (y_norm) as the matmul, then that rms_norm: each pair means exactly that sequence. */
+ * with a trailing norm (y_norm) as the matmul, then that rms_norm; one with a second product (y_then) as the
+ * matmul, then that one (and its y_norm): each means exactly that sequence. */
 static berth_status fb_matmul(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
     (void)be, (void)s;
@@ -1176,12 +1192,20 @@ static berth_status fb_matmul(berth_backend *be, berth_stream *s, const berth_ma
     g_calls[g_ncalls].p.mm = *p;
     g_calls[g_ncalls].p.mm.y_norm = NULL; /* points into the caller's frame */
     g_calls[g_ncalls].p.mm.x_pre = NULL;
+    g_calls[g_ncalls].p.mm.y_then = NULL;
     g_ncalls++;
     if (p->y_norm) {
         ck_assert_mem_eq(&p->y_norm->x, &p->y, sizeof p->y);
         g_calls[g_ncalls].op = BERTH_OP_RMS_NORM;
         g_calls[g_ncalls].p.rn = *p->y_norm;
         g_ncalls++;
+    }
+    if (p->y_then) {
+        const berth_matmul_params *q = p->y_then;
+        ck_assert_msg(!p->y_norm && !q->x_pre && !q->y_then, "y_then with a y_norm before it or an x_pre / y_then");
+        ck_assert_mem_eq(&q->x, &p->y, sizeof p->y);
+        g_n_y_then++;
+        return fb_matmul(be, s, q);
     }
     return BERTH_OK;
 }
@@ -1450,12 +1474,13 @@ START_TEST(forward_wiring)
     b.kv = kv;
     b.logits = meta(BERTH_DTYPE_F32, 256, 2);
 
-    g_ncalls = g_n_x_pre = 0;
+    g_ncalls = g_n_x_pre = g_n_y_then = 0;
     ck_assert_msg(VT()->forward(m, NULL, &b) == BERTH_OK, "forward: %s", g_err);
     /* every post-norm but the last layer's last one came with the product that reads it: per layer the
      * post-attention norm (gate|up or up) and the post-FF norm (the PLE gate), and the post-PLE norm of five of
-     * the six layers (the next layer's q|k|v or q) */
+     * the six layers (the next layer's q|k|v or q); the PLE projection is the gate's second product (ABI 0.6) */
     ck_assert_int_eq(g_n_x_pre, 6 * 2 + 5);
+    ck_assert_int_eq(g_n_y_then, 6);
 
     /* embedding first, scaled by sqrt(64) = 8 in fp32 */
     ck_assert_int_eq(g_calls[0].op, BERTH_OP_GET_ROWS);

@@ -150,7 +150,17 @@ typedef struct berth_matmul_params {
      * norm obeys every rms_norm rule (its own struct_size) and applies no RoPE; x_norm_mode must be W_NONE and
      * y_norm NULL. The caller keeps *x_pre alive for the call. Default (older caller or NULL): no norm. */
     const struct berth_rms_norm_params *x_pre;
-    /* ABI 0.4: fields above. Append below only. */
+    /* ABI 0.4: fields above. A second product after this one (ABI 0.6, appended; a caller relies on it, so 0.5
+     * plugins are not accepted): when struct_size covers y_then and y_then is not NULL, the op is this matmul (with
+     * its x_pre, prologue and epilogue) followed by the matmul *y_then, whose x is exactly this op's y (same buffer,
+     * offset, dtype, ne and nb). *y_then may carry a y_norm but no x_pre, x_norm prologue, accumulate or y_then of
+     * its own; this op may then have no y_norm and accumulate 0. Every output of both is written, as if they ran
+     * in turn. One op instead of two, so a backend may run the pair in one kernel when the middle is narrow (a
+     * bottleneck: Gemma 4's per-layer-input gate and projection, 256 wide between rows of 1536), keeping y on chip
+     * between the products. The caller keeps *y_then (and its norms) alive for the call. Default (older caller or
+     * NULL): no second product. */
+    const struct berth_matmul_params *y_then;
+    /* ABI 0.6: fields above. Append below only. */
 } berth_matmul_params;
 #define BERTH_GLU_NONE 0
 #define BERTH_GLU_HALVES 1

@@ -61,14 +61,14 @@ extern "C" {
 #endif
 
 #define BERTH_ABI_MAJOR 0
-#define BERTH_ABI_MINOR 5
+#define BERTH_ABI_MINOR 6
 /* Oldest minor the host accepts within this major. While the ABI is 0.x a minor may break layouts or add a field a
  * caller relies on; the minimum is the oldest minor still compatible. 0.4 added berth_matmul_params.x_pre, which
  * Gemma 4 sends for every post-norm: a backend built for 0.3 would ignore it (struct_size only bridges fields a
  * callee may leave at their default) and silently skip the norm, so 0.3 plugins must be rebuilt. 0.5 did the same
- * with berth_kv_append_params.q (Gemma 4's q-norm + RoPE inside kv_append). From 1.0 on it is 0 (any minor is
- * bridged by struct_size). */
-#define BERTH_ABI_MINOR_MIN 5
+ * with berth_kv_append_params.q (Gemma 4's q-norm + RoPE inside kv_append), 0.6 with berth_matmul_params.y_then
+ * (Gemma 4's per-layer-input products as one op). From 1.0 on it is 0 (any minor is bridged by struct_size). */
+#define BERTH_ABI_MINOR_MIN 6
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
 /* Size of a struct up to and including `field` (ignores tail padding, which is not part of the ABI). */

@@ -254,5 +254,8 @@ out:
     /* the trailing norm (y_norm) is the rms_norm op on the finished y: bit for bit the two-op sequence */
     if (st == BERTH_OK && opck_matmul_y_norm(p))
         st = cpu_op_rms_norm(be, s, opck_matmul_y_norm(p));
+    /* the second product of a pair (y_then) is the matmul op on the finished y (checked with this one above) */
+    if (st == BERTH_OK && opck_matmul_y_then(p))
+        st = cpu_op_matmul(be, s, opck_matmul_y_then(p));
     return st;
 }

@@ -408,6 +408,10 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     /* Off by default: on the H200 the prologue measured slower than the norm's own launch (E2B batch 1: 467 against
      * 482 tok/s, bench/RESULTS.md session 6). BERTH_CUDA_XPRE=1 turns it on, 2 only for products of <= 8192 rows. */
     be->xpre_fuse = env_int(host, "BERTH_CUDA_XPRE", 0, 2, 1, 0, "0, 1 or 2");
+    /* Off by default: on the H200 the one-kernel pair measured slower than the two products with their norms as
+     * four launches (E2B batch 1: 516-529 against 539-541 tok/s, bench/RESULTS.md session 15). 1 turns it on; 2
+     * is strict, for tests (a pair the kernel declines fails instead of running as two products). */
+    be->pair = env_int(host, "BERTH_CUDA_PAIR", 0, 2, 1, 0, "0, 1 or 2");
     if (const char *sk = getenv("BERTH_CUDA_SKIP")) { /* an ablation switch (docs/config.md): wrong results */
         static const struct { const char *name; unsigned bit; } names[] = {
             {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},

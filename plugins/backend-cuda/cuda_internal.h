@@ -183,6 +183,9 @@ struct berth_backend {
     int pdl_barriers;           /* streams whose pdl_barrier is set (cu_pdl_barrier_take looks only when > 0): copies
                                  * count as full dependencies for the kernels that read metadata before their PDL
                                  * wait (copy.cu) */
+    int pair;                   /* a pair of products (y_then) runs as matmul_pair.cu's one kernel where it fits (env
+                                 * BERTH_CUDA_PAIR=0|1|2, read at init; default 0 (slower on the H200); 2 for tests: a
+                                 * pair the kernel declines fails) */
     int xpre_fuse;              /* a matmul's norm before the product (x_pre) runs in the batch-1 GEMV's prologue (env
                                  * BERTH_CUDA_XPRE=0|1|2 (2: products of <= 8192 rows only), read at init; default 0;
                                  * for A/B runs) */
@@ -403,6 +406,10 @@ bool cu_rms_norm_packable(const berth_backend *be, const berth_rms_norm_params *
 /* Can p's x_pre (the norm before the product) run in the product kernel's prologue (gemv_xpre.cuh)? Fills *out
  * when it can; otherwise the caller runs the norm as an op of its own first. */
 bool cu_xpre_plan(const berth_backend *be, const berth_matmul_params *p, struct cu_xpre *out);
+/* matmul_pair.cu: p and its second product (y_then) with their norms as one kernel, when they fit it (bf16 weights,
+ * up to 64 rows, widths that split over a cluster, the memory rules in the file); *done = false, BERTH_OK: not
+ * taken, nothing enqueued. p is checked by the caller. */
+berth_status cu_matmul_pair(berth_backend *be, berth_stream *s, const berth_matmul_params *p, bool *done);
 
 /* Common op prologue: exec-mode check (message through the host), then cu_enter. Used as the first line of each
  * cu_op_NAME: CU_OP_BEGIN(be, NAME, p); */

@@ -835,7 +835,27 @@ berth_status cu_op_gated_rms_norm(berth_backend *be, berth_stream *s, const bert
  * in its last block where cu_ynorm_plan allows (gemv_norm.cuh); otherwise the norms are launched before / after the
  * product, and stream order makes every row complete. The matmul's check covers both norms' parameters
  * (opck_matmul checks them as rms_norms); a failing step enqueues nothing after it. */
+static berth_status matmul_one(berth_backend *be, berth_stream *s, const berth_matmul_params *p);
+
+/* The matmul member of the op table. A pair of products (y_then, ABI 0.6) is checked whole first, then runs as
+ * matmul_pair.cu's one kernel where it fits, else as the two products in turn. */
 berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
+{
+    const berth_matmul_params *q = p ? opck_matmul_y_then(p) : NULL;
+    if (!q)
+        return matmul_one(be, s, p);
+    CU_OP_BEGIN(be, matmul, p);
+    bool done = false;
+    berth_status st = cu_matmul_pair(be, s, p, &done);
+    if (st != BERTH_OK || done)
+        return st;
+    berth_matmul_params first = *p;
+    first.y_then = NULL;
+    st = matmul_one(be, s, &first);
+    return st == BERTH_OK ? matmul_one(be, s, q) : st;
+}
+
+static berth_status matmul_one(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
 {
     const berth_rms_norm_params *xn = p ? opck_matmul_x_pre(p) : NULL;
     const berth_rms_norm_params *yn = p ? opck_matmul_y_norm(p) : NULL;

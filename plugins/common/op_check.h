@@ -88,6 +88,11 @@ static inline const berth_rms_norm_params *opck_matmul_x_pre(const berth_matmul_
 {
     return BERTH_HAS(p, berth_matmul_params, x_pre) ? p->x_pre : NULL;
 }
+/* The matmul's second product (y_then), NULL when the caller's struct predates it. */
+static inline const berth_matmul_params *opck_matmul_y_then(const berth_matmul_params *p)
+{
+    return BERTH_HAS(p, berth_matmul_params, y_then) ? p->y_then : NULL;
+}
 /* The two views are the same tensor: buffer, offset, dtype, ne and nb. */
 bool opck_same_view(const berth_tensor *a, const berth_tensor *b);
 /* Prefix the recorded failure message (a nested op's check: "matmul: x_pre: " + "rms_norm: ..."); returns false. */

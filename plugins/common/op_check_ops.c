@@ -45,7 +45,8 @@ static bool check_matmul_glu(struct opck *c, const berth_matmul_params *p, int32
     return true;
 }
 
-bool opck_matmul(struct opck *c, const berth_matmul_params *p)
+/* One product with its own norms (opck_matmul checks the second product of a pair with it too). */
+static bool check_matmul_one(struct opck *c, const berth_matmul_params *p)
 {
     static const char op[] = "matmul";
     if (!opck_struct_size(c, op, p->struct_size, BERTH_SIZE_TO(berth_matmul_params, y)))
@@ -127,6 +128,30 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
                          opck_dtype_name(p->x.dtype));
     if (opck_norm_has_weight(norm))
         return check_feature_vector(c, op, "x_norm_w", &p->x_norm_w, K);
+    return true;
+}
+
+bool opck_matmul(struct opck *c, const berth_matmul_params *p)
+{
+    if (!check_matmul_one(c, p))
+        return false;
+    const berth_matmul_params *q = opck_matmul_y_then(p);
+    if (!q)
+        return true;
+    /* the second product of a pair: a matmul of its own whose x is this product's y, with at most a y_norm */
+    if (opck_matmul_y_norm(p))
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_then and y_norm cannot be combined");
+    if (p->accumulate != 0)
+        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_then needs accumulate 0");
+    if (!check_matmul_one(c, q))
+        return opck_prefix(c, "matmul: y_then: ");
+    if (!opck_same_view(&q->x, &p->y))
+        return opck_fail(c, BERTH_E_INVALID, "matmul: y_then's x must be the matmul's y (same buffer, offset, dtype, "
+                         "shape and strides)");
+    if (opck_matmul_x_pre(q) || opck_matmul_norm_mode(q) != BERTH_NORM_W_NONE || q->accumulate != 0 ||
+        opck_matmul_y_then(q))
+        return opck_fail(c, BERTH_E_UNSUPPORTED,
+                         "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
     return true;
 }
 

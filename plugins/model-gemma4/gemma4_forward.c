@@ -10,8 +10,9 @@
  * then kv_append with K norm + RoPE and the weightless V norm] -> attention over the cache (scale 1, causal, window
  * on sliding layers; shared layers read their source's cache) -> o proj -> the post-attention norm (added to the
  * residual), which also writes the pre-FF norm -> gate/up with the GELU-tanh GLU as the gate product's epilogue ->
- * down -> the post-FF norm -> PLE block (its gate product's epilogue multiplies by the per-layer input) -> the
- * post-PLE norm * layer_scalar (its out_scale), which also writes the next layer's input norm.
+ * down -> the post-FF norm -> PLE block (its gate product's epilogue multiplies by the per-layer input; the
+ * projection is the gate's y_then) -> the post-PLE norm * layer_scalar (its out_scale), which also writes the next
+ * layer's input norm.
  *
  * Each post-norm travels with the product that reads its output, as that matmul's x_pre (the norm, then the
  * product, in one op): the post-attention norm with gate|up (or up), the post-FF norm with the PLE gate (without
@@ -505,13 +506,32 @@ static berth_status ple_block(struct g4_step *st, int i)
     berth_tensor ple_i = act(st, sc->ple + (uint64_t)i * (uint64_t)Dp * 4u, Dp, T, 1);
     ple_i.nb[1] = LDp * 4;
     ple_i.nb[2] = ple_i.nb[3] = ple_i.nb[1] * T;
-    if ((r = op_matmul_glu(st, xin, &lw->ple_gate, pg, NULL, BERTH_GLU_MUL, &ple_i, "per_layer_input_gate")) !=
-            BERTH_OK ||
-        (r = op_matmul_rms_then(st, pg, &lw->ple_proj, a, &lw->ple_post_norm, &xin, xout, lw->layer_scalar,
-                                next_input_norm(st, i), "per_layer_projection",
-                                i + 1 < c->n_layers ? "post_per_layer_input_norm (* layer_scalar, + input_layernorm)"
-                                                    : "post_per_layer_input_norm (* layer_scalar)")) != BERTH_OK)
+    /* One op: the gate product (with the pending post-FF norm as its x_pre, gelu(.) * ple_i as its epilogue), then
+     * the projection of its 256-wide output (y_then, ABI 0.6), so a backend can keep the narrow middle on chip.
+     * The post-PLE norm stays pending, as every post-norm: the x_pre of the next layer's q|k|v (on CUDA a skinny
+     * product at 17..64 rows packs its x inside that norm; as the projection's y_norm it would not). */
+    berth_matmul_params proj;
+    memset(&proj, 0, sizeof proj);
+    proj.struct_size = sizeof proj;
+    proj.x = pg;
+    proj.w = lw->ple_proj;
+    proj.y = a;
+    berth_matmul_params gate;
+    memset(&gate, 0, sizeof gate);
+    gate.struct_size = sizeof gate;
+    gate.x = xin;
+    gate.w = lw->ple_gate;
+    gate.y = pg;
+    gate.y_glu = BERTH_GLU_MUL;
+    gate.y_glu_act = BERTH_ACT_GELU_TANH;
+    gate.y_glu_up = ple_i;
+    gate.y_then = &proj;
+    if ((r = run(st, BERTH_OP_MATMUL, &gate, "per_layer_input_gate, per_layer_projection")) != BERTH_OK)
         return r;
+    rms_then_params(st, a, &lw->ple_post_norm, &xin, xout, lw->layer_scalar, next_input_norm(st, i), &st->pending);
+    st->pending_site = i + 1 < c->n_layers ? "post_per_layer_input_norm (* layer_scalar, + input_layernorm)"
+                                           : "post_per_layer_input_norm (* layer_scalar)";
+    st->norm_pending = 1;
     st->cur = 1 - st->cur;
     return BERTH_OK;
 }

@@ -54,6 +54,8 @@ static void canon(int32_t op, void *p)
             canon(BERTH_OP_RMS_NORM, (void *)q->y_norm);
         if (q->x_pre) /* and its own norm before the product */
             canon(BERTH_OP_RMS_NORM, (void *)q->x_pre);
+        if (q->y_then) /* and its own second product */
+            canon(BERTH_OP_MATMUL, (void *)q->y_then);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -125,10 +127,15 @@ static void describe(int32_t op, const void *p, const char *site, char *out, siz
         if (q->y_glu != BERTH_GLU_NONE)
             snprintf(gdesc, sizeof gdesc, ", %s GLU epilogue (%s)", act_name(q->y_glu_act),
                      q->y_glu == BERTH_GLU_HALVES ? "gate and up halves" : "times y_glu_up");
-        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s%s%s)", site,
+        char tdesc[96] = "";
+        if (q->y_then)
+            snprintf(tdesc, sizeof tdesc, ", then a matmul of y by a %s weight [%lld, %lld]%s",
+                     g4_dtype_name(q->y_then->w.dtype), (long long)q->y_then->w.ne[1], (long long)q->y_then->w.ne[0],
+                     q->y_then->y_norm ? " and an rms_norm of its y" : "");
+        snprintf(out, n, "matmul %s (%s weight [%lld, %lld], f32 activations%s%s%s%s%s)", site,
                  g4_dtype_name(q->w.dtype), (long long)q->w.ne[1], (long long)q->w.ne[0],
                  q->x_pre ? ", x from an rms_norm before it" : "", ndesc, gdesc,
-                 q->y_norm ? ", then an rms_norm of y" : "");
+                 q->y_norm ? ", then an rms_norm of y" : "", tdesc);
         break;
     }
     case BERTH_OP_GET_ROWS: {
@@ -189,19 +196,54 @@ static int same_norm(const berth_rms_norm_params *a, const berth_rms_norm_params
     return a && b ? memcmp(a, b, sizeof *a) == 0 : a == b;
 }
 
-/* Same recorded parameters: bytes, except that a matmul's y_norm and x_pre pointers are compared by what they point
+/* Same recorded matmuls: bytes, except that the y_norm, x_pre and y_then pointers are compared by what they point
  * to. */
-static int same_params(int32_t op, const void *a, const void *b)
+static int same_matmul(const berth_matmul_params *a, const berth_matmul_params *b)
 {
-    if (op != BERTH_OP_MATMUL)
-        return memcmp(a, b, params_size(op)) == 0;
-    berth_matmul_params x = *(const berth_matmul_params *)a, y = *(const berth_matmul_params *)b;
-    const berth_rms_norm_params *nx = x.y_norm, *ny = y.y_norm, *px = x.x_pre, *py = y.x_pre;
+    if (!a || !b)
+        return a == b;
+    berth_matmul_params x = *a, y = *b;
     x.y_norm = y.y_norm = NULL;
     x.x_pre = y.x_pre = NULL;
-    if (memcmp(&x, &y, sizeof x) != 0)
-        return 0;
-    return same_norm(nx, ny) && same_norm(px, py);
+    x.y_then = y.y_then = NULL;
+    return memcmp(&x, &y, sizeof x) == 0 && same_norm(a->y_norm, b->y_norm) && same_norm(a->x_pre, b->x_pre) &&
+           same_matmul(a->y_then, b->y_then);
+}
+
+static int same_params(int32_t op, const void *a, const void *b)
+{
+    return op == BERTH_OP_MATMUL ? same_matmul(a, b) : memcmp(a, b, params_size(op)) == 0;
+}
+
+/* Room for a deep copy of matmul p (its norms, its second product and that one's norms). */
+static size_t matmul_copy_size(const berth_matmul_params *p)
+{
+    return sizeof *p + ((p->y_norm != NULL) + (p->x_pre != NULL)) * sizeof(berth_rms_norm_params) +
+           (p->y_then ? matmul_copy_size(p->y_then) : 0);
+}
+
+/* Deep-copies p to dst (matmul_copy_size(p) bytes): the matmul, then its trailing norm (y_norm), its norm before
+ * the product (x_pre) and its second product (y_then, copied the same way), in that order. Returns the end. */
+static char *matmul_copy(const berth_matmul_params *p, char *dst)
+{
+    berth_matmul_params *c = (berth_matmul_params *)dst;
+    memcpy(c, p, sizeof *p);
+    char *at = dst + sizeof *p;
+    if (p->y_norm) {
+        memcpy(at, p->y_norm, sizeof *p->y_norm);
+        c->y_norm = (const berth_rms_norm_params *)at;
+        at += sizeof *p->y_norm;
+    }
+    if (p->x_pre) {
+        memcpy(at, p->x_pre, sizeof *p->x_pre);
+        c->x_pre = (const berth_rms_norm_params *)at;
+        at += sizeof *p->x_pre;
+    }
+    if (p->y_then) {
+        c->y_then = (const berth_matmul_params *)at;
+        at = matmul_copy(p->y_then, at);
+    }
+    return at;
 }
 
 berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const char *site)
@@ -209,23 +251,16 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
     size_t sz = params_size(op);
     if (sz == 0)
         return g4_fail(m->host, BERTH_E_INTERNAL, "gemma4: recording unknown op %d", (int)op);
-    /* A matmul's trailing norm (y_norm) and norm before it (x_pre) are copied into the same allocation, right
-     * after it, in that order. */
+    /* A matmul's norms and second product are copied into the same allocation, after it (matmul_copy). All the
+     * structs have pointer alignment and sizes that keep it. */
     const berth_matmul_params *mp = op == BERTH_OP_MATMUL ? params : NULL;
-    const berth_rms_norm_params *yn = mp ? mp->y_norm : NULL, *xp = mp ? mp->x_pre : NULL;
-    void *copy = malloc(sz + ((yn != NULL) + (xp != NULL)) * sizeof(berth_rms_norm_params));
+    void *copy = malloc(mp ? matmul_copy_size(mp) : sz);
     if (!copy)
         return g4_fail(m->host, BERTH_E_NOMEM, "out of memory recording requirements");
-    memcpy(copy, params, sz);
-    berth_rms_norm_params *own = (berth_rms_norm_params *)((char *)copy + sz);
-    if (yn) {
-        memcpy(own, yn, sizeof *own);
-        ((berth_matmul_params *)copy)->y_norm = own++;
-    }
-    if (xp) {
-        memcpy(own, xp, sizeof *own);
-        ((berth_matmul_params *)copy)->x_pre = own;
-    }
+    if (mp)
+        matmul_copy(mp, copy);
+    else
+        memcpy(copy, params, sz);
     canon(op, copy);
     for (int i = 0; i < m->n_reqs; i++) {
         if (m->reqs[i]->op == op && same_params(op, m->req_params[i], copy)) {
@@ -249,7 +284,7 @@ berth_status g4_req_record(berth_model *m, int32_t op, const void *params, const
         m->req_what = ww;
         m->cap_reqs = ncap;
     }
-    char what[256];
+    char what[512];
     describe(op, copy, site, what, sizeof what);
     char *w = strdup(what);
     berth_requirement *r = w ? calloc(1, sizeof *r) : NULL;
