@@ -1082,12 +1082,14 @@ bool cu_check_matmul(const berth_backend *be, struct opck *c, const berth_matmul
     (void)be;
     if (!opck_matmul(c, p))
         return false;
-    const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0];
-    if (M > INT_MAX || N > INT_MAX || K > INT_MAX)
+    /* both products of a pair (y_then): K of the second is N of the first */
+    const berth_matmul_params *q = opck_matmul_y_then(p);
+    const int64_t M = cu_nrows(&p->x), N = p->w.ne[1], K = p->w.ne[0], N2 = q ? q->w.ne[1] : 0;
+    if (M > INT_MAX || N > INT_MAX || K > INT_MAX || N2 > INT_MAX)
         return opck_fail(c, BERTH_E_UNSUPPORTED,
                          "matmul: M = %" PRId64 ", N = %" PRId64 ", K = %" PRId64
                          " must each fit in 32 bits on the cuda backend (cuBLAS dimensions)",
-                         M, N, K);
+                         M, N > N2 ? N : N2, K);
     return true;
 }
 

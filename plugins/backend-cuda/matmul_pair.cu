@@ -30,12 +30,13 @@
  * GEMV's fp32 products of bf16 weights, but summed in other orders, so results differ from the separate launches
  * in the last bits (tests/cuda_ops/test_cuda_pair.c compares with the CPU backend's four ops).
  *
- * Memory rules (cu_matmul_pair checks them and declines otherwise): every input but y_norm's residual is read
- * before the first cluster barrier; y_norm's residual (phase D) is either x_pre's y (then read from sX, never
- * from memory) or overlaps no output. Outputs overlap each other nowhere; an output may be exactly an input (the
- * same view: Gemma 4's projection writes the buffer the post-FF norm reads, and its post-PLE norm the residual
- * stream the post-FF norm read) because clusters own disjoint rows and every output is stored after the cluster's
- * last barrier, and otherwise overlaps none.
+ * Memory rules (cu_matmul_pair checks them and declines otherwise): the inputs are read before the second
+ * cluster barrier (the GLU factor in phase B, the rest before the first), except y_norm's residual (phase D),
+ * which is either x_pre's y (then read from sX, never from memory), or exactly y_norm's y (each element read,
+ * then written, by one thread of one block), or overlaps no output. Outputs overlap each other nowhere; an output
+ * may be exactly an input (the same view: Gemma 4's projection writes the buffer the post-FF norm reads, and its
+ * post-PLE norm the residual stream the post-FF norm read) because clusters own disjoint rows and every output is
+ * stored after the cluster's last barrier, and otherwise overlaps none.
  */
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
@@ -643,6 +644,8 @@ berth_status cu_matmul_pair(berth_backend *be, berth_stream *s, const berth_matm
         return BERTH_OK; /* switched off: never strict */
     const berth_rms_norm_params *pre = opck_matmul_x_pre(p), *post = opck_matmul_y_norm(q);
     const int64_t M = cu_nrows(&p->y), K1 = p->w.ne[0], N1 = p->w.ne[1], N2 = q->w.ne[1];
+    if (M == 0 || N2 == 0) /* nothing for the kernel: the two products in turn (which do nothing) */
+        return BERTH_OK;
     /* the shapes and kinds of this kernel: bf16 weights, no bias, a GLU MUL epilogue or none on the first product,
      * none on the second, no x_norm prologues (opck_matmul: q has none), f32 rows */
     if (M < 1 || M > MP_MAX_M || N1 % MP_CS != 0 || N2 % MP_CS != 0 || K1 % 8 != 0 || N1 % 8 != 0 ||

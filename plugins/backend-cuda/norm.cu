@@ -852,7 +852,13 @@ berth_status cu_op_matmul_then_norm(berth_backend *be, berth_stream *s, const be
     berth_matmul_params first = *p;
     first.y_then = NULL;
     st = matmul_one(be, s, &first);
-    return st == BERTH_OK ? matmul_one(be, s, q) : st;
+    if (st != BERTH_OK)
+        return st;
+    /* the second product is the next op for the x shadow (cu_xshadow_match): it may use the first one's shadow of
+     * its x, never an older one of the same buffer that the first product has just rewritten */
+    if (s)
+        s->op_seq++;
+    return matmul_one(be, s, q);
 }
 
 static berth_status matmul_one(berth_backend *be, berth_stream *s, const berth_matmul_params *p)

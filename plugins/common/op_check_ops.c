@@ -143,15 +143,18 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_then and y_norm cannot be combined");
     if (p->accumulate != 0)
         return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_then needs accumulate 0");
+    /* its own rules after the pair's: a forbidden part is named as such, not by that part's own checks */
+    if (!opck_struct_size(c, "matmul", q->struct_size, BERTH_SIZE_TO(berth_matmul_params, y)))
+        return opck_prefix(c, "matmul: y_then: ");
+    if (opck_matmul_x_pre(q) || opck_matmul_norm_mode(q) != BERTH_NORM_W_NONE || q->accumulate != 0 ||
+        opck_matmul_y_then(q))
+        return opck_fail(c, BERTH_E_UNSUPPORTED,
+                         "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
     if (!check_matmul_one(c, q))
         return opck_prefix(c, "matmul: y_then: ");
     if (!opck_same_view(&q->x, &p->y))
         return opck_fail(c, BERTH_E_INVALID, "matmul: y_then's x must be the matmul's y (same buffer, offset, dtype, "
                          "shape and strides)");
-    if (opck_matmul_x_pre(q) || opck_matmul_norm_mode(q) != BERTH_NORM_W_NONE || q->accumulate != 0 ||
-        opck_matmul_y_then(q))
-        return opck_fail(c, BERTH_E_UNSUPPORTED,
-                         "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
     return true;
 }
 

@@ -172,6 +172,11 @@ static float f16_to_f32(uint16_t u)
 
 struct hx_tensor hx_new(berth_dtype dt, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
 {
+    return hx_new_usage(dt, BERTH_USAGE_ACTIVATIONS, ne0, ne1, ne2, ne3);
+}
+
+struct hx_tensor hx_new_usage(berth_dtype dt, int32_t usage, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3)
+{
     struct hx_tensor t;
     memset(&t, 0, sizeof t);
     t.dtype = dt;
@@ -181,7 +186,7 @@ struct hx_tensor hx_new(berth_dtype dt, int64_t ne0, int64_t ne1, int64_t ne2, i
     t.bytes = (uint64_t)(ne[0] * ne[1] * ne[2] * ne[3]) * es;
     for (int s = 0; s < 2; s++) {
         struct hx_side *side = &hx->side[s];
-        ck_assert_msg(side->vt->buffer_alloc(side->be, t.bytes, BERTH_USAGE_ACTIVATIONS, &t.buf[s]) == BERTH_OK,
+        ck_assert_msg(side->vt->buffer_alloc(side->be, t.bytes, usage, &t.buf[s]) == BERTH_OK,
                       "buffer_alloc(%" PRIu64 ") on side %d: %s", t.bytes, s, hx_last_error);
         ck_assert(side->vt->buffer_fill(side->be, side->s, t.buf[s], 0, 0xFF, t.bytes) == BERTH_OK);
         berth_tensor *bt = &t.t[s];

@@ -46,6 +46,8 @@ struct hx_tensor {
 
 /* A contiguous tensor (ne[i] = 0 means 1) on both sides, poisoned with 0xFF bytes (NaN in f32/bf16/f16). */
 struct hx_tensor hx_new(berth_dtype dt, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
+/* The same in a buffer of another usage (BERTH_USAGE_WEIGHTS: kernels may read it before their PDL wait). */
+struct hx_tensor hx_new_usage(berth_dtype dt, int32_t usage, int64_t ne0, int64_t ne1, int64_t ne2, int64_t ne3);
 void hx_free(struct hx_tensor *t);
 /* Uniform random values in [lo, hi) (rounded to the dtype), the same on both sides. I32 tensors get integers. */
 void hx_rand(struct hx_tensor *t, float lo, float hi);

@@ -21,6 +21,7 @@
 
 #define F32 BERTH_DTYPE_F32
 #define BF16 BERTH_DTYPE_BF16
+#define WGT BERTH_USAGE_WEIGHTS
 
 enum { AL_NONE, AL_GEMMA, AL_PRE_INPLACE };
 
@@ -82,6 +83,20 @@ static double max_abs(const struct hx_tensor *t)
     return m;
 }
 
+/* t = t * 1 on the GPU side, enqueued without waiting: a kernel that writes t just before the next op. */
+static void gpu_rewrite(const struct hx_tensor *t, const char *what)
+{
+    berth_unary_params p;
+    memset(&p, 0, sizeof p);
+    p.struct_size = sizeof p;
+    p.act = BERTH_ACT_IDENTITY;
+    p.in_scale = 1.0f;
+    p.out_scale = 1.0f;
+    p.x = t->t[HX_GPU];
+    p.y = t->t[HX_GPU];
+    ck_assert_msg(hx_op(HX_GPU, BERTH_OP_UNARY, &p) == BERTH_OK, "%s: unary: %s", what, hx_last_error);
+}
+
 START_TEST(test_matmul_pair)
 {
     const struct pc_case *c = &cases[_i];
@@ -93,9 +108,11 @@ START_TEST(test_matmul_pair)
     struct hx_tensor A = hx_new(F32, D, M, 0, 0), RES = hx_new(F32, D, M, 0, 0), H = hx_new(F32, D, M, 0, 0),
                      H2 = hx_new(F32, D, M, 0, 0), G = hx_new(F32, P, M, 0, 0), UP = hx_new(F32, LDU, M, 0, 0),
                      A2 = hx_new(F32, D, M, 0, 0), O = hx_new(F32, D, M, 0, 0), U = hx_new(F32, D, M, 0, 0),
-                     RES2 = hx_new(F32, D, M, 0, 0), W1 = hx_new(c->wdt, D, P, 0, 0), W2 = hx_new(c->wdt, P, D, 0, 0),
-                     FW = hx_new(c->nwdt, D, 0, 0, 0), FW2 = hx_new(c->nwdt, D, 0, 0, 0),
-                     PW = hx_new(c->nwdt, D, 0, 0, 0), PW2 = hx_new(c->nwdt, D, 0, 0, 0);
+                     RES2 = hx_new(F32, D, M, 0, 0);
+    /* weights in weights buffers, as a model's: the kernel reads them before its PDL wait */
+    struct hx_tensor W1 = hx_new_usage(c->wdt, WGT, D, P, 0, 0), W2 = hx_new_usage(c->wdt, WGT, P, D, 0, 0),
+                     FW = hx_new_usage(c->nwdt, WGT, D, 0, 0, 0), FW2 = hx_new_usage(c->nwdt, WGT, D, 0, 0, 0),
+                     PW = hx_new_usage(c->nwdt, WGT, D, 0, 0, 0), PW2 = hx_new_usage(c->nwdt, WGT, D, 0, 0, 0);
     hx_rand(&A, -2.0f, 2.0f);
     hx_rand(&RES, -1.0f, 1.0f);
     hx_rand(&RES2, -1.0f, 1.0f);
@@ -186,7 +203,13 @@ START_TEST(test_matmul_pair)
                 ck_assert_ptr_nonnull(init[i]);
                 hx_get(inputs[i], HX_CPU, init[i]);
             }
-        hx_run_both(BERTH_OP_MATMUL, &p1[HX_CPU], &p1[HX_GPU], what);
+        /* on the GPU, kernels that rewrite the pair's inputs (x * 1) are enqueued right before it, with no sync:
+         * the pair must wait for them (its weights it may read earlier) */
+        ck_assert_msg(hx_op(HX_CPU, BERTH_OP_MATMUL, &p1[HX_CPU]) == BERTH_OK, "%s: cpu: %s", what, hx_last_error);
+        gpu_rewrite(&A, what);
+        gpu_rewrite(&RES, what);
+        ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &p1[HX_GPU]) == BERTH_OK, "%s: cuda: %s", what, hx_last_error);
+        hx_sync();
         /* fp32 sums in other orders: a few ulps of each output's scale per sqrt(depth) */
         const double depth[6] = {1.0, 1.0, (double)D, (double)P, 1.0, 1.0};
         for (int i = 0; i < 6; i++) {
@@ -214,6 +237,7 @@ START_TEST(test_matmul_pair)
             if (inputs[i])
                 ck_assert(g->vt->buffer_upload(g->be, g->s, inputs[i]->buf[HX_GPU], 0, init[i], inputs[i]->bytes) ==
                           BERTH_OK);
+        gpu_rewrite(&A, what);
         ck_assert_msg(hx_op(HX_GPU, BERTH_OP_MATMUL, &p1[HX_GPU]) == BERTH_OK, "%s: second run: %s", what,
                       hx_last_error);
         hx_sync();
