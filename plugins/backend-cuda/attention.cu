@@ -3,7 +3,7 @@
  * ATTENTION), fp32 throughout: K/V widened from f32/bf16/f16, scores, softmax and the weighted sum in fp32.
  *
  * Two paths, chosen on the host from shapes only (so a captured launch stays valid on replay):
- *   - decode (T == n_seqs, the usual one query row per sequence): attention_decode.cu's one-launch cluster kernel
+ *   - decode (T == n_seqs and max_q_len 1: one query row per sequence): attention_decode.cu's one-launch cluster kernel
  *     serves it when it can; otherwise (or with BERTH_CUDA_ATT_DECODE=old) flash-decoding here. Grid (sequence,
  *     KV head, split of the key range); one block serves all n_rep query heads of its KV head, so each K/V vector is read
  *     once per block (GQA), with q and the output accumulators of all those heads in registers and K/V streamed
@@ -1733,7 +1733,11 @@ berth_status cu_op_attention(berth_backend *be, berth_stream *s, const berth_att
     a.n_seqs = p->n_seqs;
     a.vec = cu_kv_aligned16(kv);
     a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
-    if (T == p->n_seqs) {
+    /* Decode kernels for one query row per sequence: T == n_seqs with max_q_len 1 (an upper bound, so every
+     * sequence has exactly one row). T == n_seqs alone also holds when a sequence with no row sits beside one with
+     * two: those go to the prefill kernels (the decode kernels' loop over several rows of a sequence computed the
+     * second row wrongly in a bf16 random test, session 15). */
+    if (T == p->n_seqs && p->max_q_len <= 1) {
         /* Which decode kernel (BERTH_CUDA_ATT_DECODE, docs/config.md): by default the one-launch cluster kernel for
          * the smallest calls, the tensor-core kernel for the rest where it serves (BF16 mode, bf16/f16 cache), the
          * cluster kernel for small calls it does not serve, the split kernel otherwise; =mma puts the tensor-core

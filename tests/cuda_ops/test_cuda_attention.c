@@ -15,12 +15,13 @@
  * the "tc:" cases are its shapes (head dims 256 and 512, windows that bite and not, several sequences, chunks past
  * position 0). Every other case keeps the fp32 tolerance in both modes.
  *
- * Decode batches (T == n_seqs) take attention_decode.cu's one-launch cluster kernel; BERTH_CUDA_ATT_DECODE=old
- * (attention.cu's split-K kernel and combine) and =c8 (clusters of at most 8 blocks) rerun the same cases on the
- * other paths. With HX_COMPUTE=bf16 and BERTH_CUDA_ATT_DECODE=mma (test cuda_ops_attention_bf16_mma, which also
- * sets HX_ATT_DECODE_MMA=1 to tell this file) decode cases over an aligned bf16/f16 cache with up to 8 query heads
- * per KV head take attention_decode_mma.cu's tensor-core kernel and are held to the same bound as the prefill
- * kernel's (same rounding contract). The "cluster:" cases are that kernel's edges: split boundaries, length 1, length == window, rows
+ * Decode batches (T == n_seqs, one row per sequence) take attention_decode.cu's one-launch cluster kernel;
+ * BERTH_CUDA_ATT_DECODE=old (attention.cu's split-K kernel and combine) and =c8 (clusters of at most 8 blocks)
+ * rerun the same cases on the other paths. With HX_COMPUTE=bf16 and BERTH_CUDA_ATT_DECODE=mma (test
+ * cuda_ops_attention_bf16_mma, which also sets HX_ATT_DECODE_MMA=1 to tell this file) decode cases over an
+ * aligned bf16/f16 cache with up to 8 query heads per KV head take attention_decode_mma.cu's tensor-core kernel
+ * and are held to the same bound as the prefill kernel's (same rounding contract). The "cluster:" cases are that
+ * kernel's edges: split boundaries, length 1, length == window, rows
  * without a cluster, block tables wider than the part it preloads, and (graphs) replays with 0 visible keys.
  */
 #include <math.h>
@@ -181,7 +182,11 @@ static int tensor_core_expected(const struct attn_case *c, const struct pool *p,
                            kv->v_head_stride;
     const char *dm = getenv("HX_ATT_DECODE_MMA");
     const int decode_mma = dm && strcmp(dm, "1") == 0 && c->n_rep <= 8 && c->D <= 512 && c->DV <= 512;
-    return compute_bf16() && (T != c->n_seqs || decode_mma) &&
+    int max_q = 0; /* the backend's decode kernels serve T == n_seqs with one row per sequence (max_q_len 1) */
+    for (int i = 0; i < c->n_seqs; i++)
+        max_q = c->seqs[i].q_len > max_q ? c->seqs[i].q_len : max_q;
+    const int decode = T == c->n_seqs && max_q <= 1;
+    return compute_bf16() && (!decode || decode_mma) &&
            (c->kv_dt == BERTH_DTYPE_BF16 || c->kv_dt == BERTH_DTYPE_F16) && c->D % 16 == 0 && c->DV % 16 == 0 &&
            align % 16 == 0;
 }
@@ -748,6 +753,11 @@ static const struct attn_case cases[] = {
     {"tc: prefill d192/dv128 bf16 rep2 padded head slots",
      BF16, 192, 128, 2, 2, 32, 3, 2, {{65, 65}, {20, 90}},
      CAUSAL, 0, 0.0721688f, 0.0f, 0, BERTH_NORM_W_NONE, BERTH_NORM_W_NONE, F32, HALF, 96, 32, 0},
+    /* T == n_seqs without one row per sequence (rows 0 and 2): the prefill kernels, not the decode ones (a random
+     * case, seed 1347276556 in session 15, whose second row the bf16 decode path got wrong) */
+    {"T == n_seqs with rows 0 and 2, f16 d96/dv100 softcap",
+     F16, 96, 100, 3, 1, 16, 3, 2, {{0, 6}, {2, 225}},
+     CAUSAL, 0, 1.0f, 10.0f, 0, BERTH_NORM_W_NONE, BERTH_NORM_W_NONE, F32, INTERL, 0, 2, 1},
     {"tc: MASK_NONE prefill d64 bf16 rep16 bs8",
      BF16, 64, 64, 1, 16, 8, 0, 2, {{30, 70}, {50, 20}},
      NOMASK, 0, 0.125f, 0.0f, 1, BERTH_NORM_W, BERTH_NORM_W, BF16, INTERL, 0, 32, 0},
