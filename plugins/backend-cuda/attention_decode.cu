@@ -58,6 +58,7 @@
  * Unaligned K/V rows (and the last, partial piece of a row) are copied element by element.
  */
 #include "attention_args.cuh"
+#include "cuda_cluster.cuh"
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
@@ -157,35 +158,6 @@ struct adc_cfg {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Device helpers.
-
-__device__ __forceinline__ void adc_cluster_arrive_relaxed()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void adc_cluster_arrive_release()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ void adc_cluster_wait()
-{
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-
-__device__ __forceinline__ uint32_t adc_cluster_rank()
-{
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-
-/* The address of p (this block's shared memory) in cluster rank `rank`'s shared memory. */
-template <typename T>
-__device__ __forceinline__ T *adc_remote(T *p, int rank)
-{
-    return (T *)__cluster_map_shared_rank((void *)p, (unsigned)rank);
-}
 
 /* Wait until at most n (0..3, more is treated as 3: waits longer, never too short) groups are pending. */
 __device__ __forceinline__ void adc_cp_wait_dyn(int n)
@@ -319,14 +291,14 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     ADC_STAMP(0);
     const bool clu = a.cs > 1;
     if (clu)
-        adc_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
+        cu_cluster_arrive_relaxed(); /* phase A of row 0: this block has started */
     bool waited = !a.prewait; /* every path below waits before it exits, writes or reads q */
     if (waited)
         cu_pdl_wait();
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const unsigned bx = blockIdx.x, ucs = (unsigned)a.cs;
-    const int rank = clu ? (int)adc_cluster_rank() : 0; /* == bx % cs: clusters tile the grid along x */
+    const int rank = clu ? (int)cu_cluster_rank() : 0; /* == bx % cs: clusters tile the grid along x */
     unsigned rest = bx / ucs;
     const int hg = (int)(rest % (unsigned)a.hg);
     rest /= (unsigned)a.hg;
@@ -365,7 +337,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         if (!waited)
             cu_pdl_wait();
         if (clu)
-            adc_cluster_wait();
+            cu_cluster_wait();
         return;
     }
     const int32_t kv_len = cu_attn_kv_len(a, kv_raw);
@@ -648,7 +620,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         __syncthreads();
         ADC_STAMP(3);
         if (clu)
-            adc_cluster_wait(); /* phase A: every block started and is done with the previous row's partials */
+            cu_cluster_wait(); /* phase A: every block started and is done with the previous row's partials */
 
         /* M3: the block partial of each (head, 4 columns), pushed to the rank that finishes those columns */
         {
@@ -669,21 +641,21 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                 const int dst = d / a.per;
                 float4 *pp = (float4 *)(recv + ((size_t)(rank * NRW + r) * a.per + (d - dst * a.per)));
                 if (clu)
-                    pp = adc_remote(pp, dst);
+                    pp = cu_cluster_remote(pp, dst);
                 *pp = o;
             }
             for (int it = tid; it < a.cs * NRW; it += THREADS) {
                 const int dst = it / NRW, r = it - dst * NRW;
                 float2 *pp = &rml_s[rank][r];
                 if (clu)
-                    pp = adc_remote(pp, dst);
+                    pp = cu_cluster_remote(pp, dst);
                 *pp = cml_s[r];
             }
         }
         if (clu) { /* phase B: every rank's partials of my columns have landed */
             __syncwarp(); /* the .aligned barrier instructions want converged warps */
-            adc_cluster_arrive_release();
-            adc_cluster_wait();
+            cu_cluster_arrive_release();
+            cu_cluster_wait();
         } else {
             __syncthreads();
         }
@@ -741,7 +713,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         if (t + 1 < q1) { /* another row: its phase A starts once this block is done with the partials */
             if (clu) {
                 __syncwarp();
-                adc_cluster_arrive_relaxed();
+                cu_cluster_arrive_relaxed();
             } else {
                 __syncthreads();
             }

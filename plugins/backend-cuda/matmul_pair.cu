@@ -38,10 +38,11 @@
  * post-PLE norm the residual stream the post-FF norm read) because clusters own disjoint rows and every output is
  * stored after the cluster's last barrier, and otherwise overlaps none.
  */
+#include "cuda_cluster.cuh"
 #include "cuda_device.cuh"
 #include "cuda_internal.h"
 #include "cuda_launch.cuh"
-#include "cuda_mma.cuh"
+#include "norm_args.cuh"
 
 #include <string.h>
 
@@ -60,7 +61,7 @@ struct mp_norm {
     float *y, *y2;        /* y2 NULL: no second output */
     int64_t ldx, ldr, ldy, ldy2;
     const void *w, *w2;   /* NULL: no weight (UNIT / W_NONE) */
-    int32_t wdt, w2dt, w1p, w21p; /* dtypes; w1p / w21p: weight mode W_ONE_PLUS (the factor is 1 + w) */
+    int32_t wdt, w2dt, wmode, w2mode; /* the weights' dtypes and modes (norm_args.cuh's nm_factor) */
     float eps, oscale;
     int32_t on;
 };
@@ -80,39 +81,6 @@ struct mp_args {
     int32_t res_from_x;       /* y_norm's residual is x_pre's y, which sX holds */
     uint32_t o_x, o_y, o_g, o_a, o_p, o_pw, o_pw2, o_qw, o_qw2, o_part; /* shared memory offsets (bytes) */
 };
-
-__device__ __forceinline__ void mp_cluster_arrive_relaxed()
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mp_cluster_arrive_release()
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mp_cluster_wait()
-{
-    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ int mp_cluster_rank()
-{
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return (int)r;
-}
-/* Store v at p's place in cluster rank `rank`'s shared memory. */
-__device__ __forceinline__ void mp_st_remote(float *p, int rank, float v)
-{
-    *(float *)__cluster_map_shared_rank((void *)p, (unsigned)rank) = v;
-}
-
-/* The norm weight factor of element i (1 without a weight, 1 + w for W_ONE_PLUS). */
-static __device__ __noinline__ float mp_factor(const void *w, int dt, int one_plus, int64_t i)
-{
-    if (!w)
-        return 1.0f;
-    const float v = cu_ld(w, dt, i);
-    return one_plus ? 1.0f + v : v;
-}
 
 /* The GLU's activation: GELU-tanh (Gemma) inline, the others through one out-of-line copy of cu_act (the kernel
  * runs once per layer, so every instruction it executes is a cold instruction-cache miss: keep it small). */
@@ -143,9 +111,9 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
 {
     extern __shared__ __align__(16) unsigned char mp_smem[];
     cu_pdl_trigger();
-    mp_cluster_arrive_relaxed(); /* this block has started: the first remote store (phase B) waits for all */
+    cu_cluster_arrive_relaxed(); /* this block has started: the first remote store (phase B) waits for all */
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int rank = mp_cluster_rank();
+    const int rank = (int)cu_cluster_rank();
     const int m0 = (int)(blockIdx.x / MP_CS) * R;
     const int mr = a.M - m0 < R ? a.M - m0 : R; /* >= 1: the grid has ceil(M / R) clusters */
     const int K1 = a.K1, N1 = a.N1, N2 = a.N2, n1b = N1 / MP_CS, n2b = N2 / MP_CS;
@@ -186,13 +154,13 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
 #pragma unroll
         for (int k = 0; k < FK; k++) {
             const int i = tid + k * MP_THREADS;
-            f1[k] = a.pre.on && i < K1 ? mp_factor(a.pre.w, a.pre.wdt, a.pre.w1p, i) : 1.0f;
-            f2[k] = a.pre.on && i < K1 ? mp_factor(a.pre.w2, a.pre.w2dt, a.pre.w21p, i) : 1.0f;
+            f1[k] = a.pre.on && i < K1 ? nm_factor(a.pre.w, a.pre.wdt, a.pre.wmode, i) : 1.0f;
+            f2[k] = a.pre.on && i < K1 ? nm_factor(a.pre.w2, a.pre.w2dt, a.pre.w2mode, i) : 1.0f;
         }
         const bool qon = a.post.on && tid < n2b; /* n2b <= MP_THREADS (mp_plan) */
         if (qon) {
-            q1 = mp_factor(a.post.w, a.post.wdt, a.post.w1p, (int64_t)rank * n2b + tid);
-            q2 = mp_factor(a.post.w2, a.post.w2dt, a.post.w21p, (int64_t)rank * n2b + tid);
+            q1 = nm_factor(a.post.w, a.post.wdt, a.post.wmode, (int64_t)rank * n2b + tid);
+            q2 = nm_factor(a.post.w2, a.post.w2dt, a.post.w2mode, (int64_t)rank * n2b + tid);
         }
 #pragma unroll
         for (int k = 0; k < FK; k++) {
@@ -327,7 +295,7 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
     __syncthreads(); /* sX */
 
     /* B: columns of the first product, a warp per column, R rows at once; pushed to every block's sG. */
-    mp_cluster_wait(); /* every block of the cluster has started */
+    cu_cluster_wait(); /* every block of the cluster has started */
     if (warp < n1b) {
         const int j = warp, jg = rank * n1b + j;
         float acc[R], upv[R];
@@ -369,11 +337,11 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
             const float z = acc[r];
             const float g = a.up ? mp_act(a.act, z) * upv[r] : z;
             if (lane < MP_CS)
-                mp_st_remote(sG + (int64_t)r * N1 + jg, lane, g);
+                *cu_cluster_remote(sG + (int64_t)r * N1 + jg, lane) = g;
         }
     }
-    mp_cluster_arrive_release();
-    mp_cluster_wait(); /* sG complete in every block */
+    cu_cluster_arrive_release();
+    cu_cluster_wait(); /* sG complete in every block */
 
     /* C: this block's columns of the second product. */
     {
@@ -430,10 +398,10 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
                 ss = fmaf(sA[warp * n2b + j], sA[warp * n2b + j], ss);
             ss = cu_warp_sum(ss);
             if (lane < MP_CS)
-                mp_st_remote(sPart + (pass * MP_CS + rank) * R + warp, lane, ss);
+                *cu_cluster_remote(sPart + (pass * MP_CS + rank) * R + warp, lane) = ss;
         }
-        mp_cluster_arrive_release();
-        mp_cluster_wait();
+        cu_cluster_arrive_release();
+        cu_cluster_wait();
         for (int i = tid; i < mr * n2b; i += MP_THREADS) {
             const int r = i / n2b, j = i - r * n2b;
             const int64_t m = m0 + r, jg = (int64_t)rank * n2b + j;
@@ -568,12 +536,12 @@ static bool mp_rows(const berth_tensor *t, int64_t M, const float **p, int64_t *
 }
 
 /* A norm weight the kernel reads element by element (modes W, W_ONE_PLUS; UNIT / W_NONE: none). */
-static bool mp_norm_weight(int32_t mode, const berth_tensor *w, const void **ptr, int32_t *dt, int32_t *one_plus,
+static bool mp_norm_weight(int32_t mode, const berth_tensor *w, const void **ptr, int32_t *dt, int32_t *wmode,
                            bool *early)
 {
     *ptr = NULL;
     *dt = BERTH_DTYPE_F32;
-    *one_plus = mode == BERTH_NORM_W_ONE_PLUS;
+    *wmode = mode;
     if (mode != BERTH_NORM_W && mode != BERTH_NORM_W_ONE_PLUS)
         return true;
     if (w->dtype != BERTH_DTYPE_F32 && w->dtype != BERTH_DTYPE_BF16 && w->dtype != BERTH_DTYPE_F16)
@@ -606,8 +574,8 @@ static bool mp_norm_plan(const berth_rms_norm_params *n, int64_t M, int64_t K, m
             return false;
         out->y2 = (float *)p;
     }
-    if (!mp_norm_weight(n->weight_mode, &n->w, &out->w, &out->wdt, &out->w1p, early) ||
-        !mp_norm_weight(y2 ? n->y2_weight_mode : BERTH_NORM_W_NONE, &n->y2_w, &out->w2, &out->w2dt, &out->w21p,
+    if (!mp_norm_weight(n->weight_mode, &n->w, &out->w, &out->wdt, &out->wmode, early) ||
+        !mp_norm_weight(y2 ? n->y2_weight_mode : BERTH_NORM_W_NONE, &n->y2_w, &out->w2, &out->w2dt, &out->w2mode,
                         early))
         return false;
     out->eps = n->eps;

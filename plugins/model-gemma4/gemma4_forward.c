@@ -126,26 +126,32 @@ static berth_tensor act(const struct g4_step *st, uint64_t off, int64_t ne0, int
  * rms_norm + matmul; the norm is recomputed by each product that reads the same x). With glu (BERTH_GLU_*) the
  * product z goes through the gated epilogue instead of being stored: HALVES (w = [gate | up] rows): y =
  * gelu_tanh(z_gate) * z_up; MUL: y = gelu_tanh(z) * up. One op instead of matmul + glu. */
+static void matmul_params(const struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
+                          const berth_tensor *norm_w, int32_t glu, const berth_tensor *up, berth_matmul_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->struct_size = sizeof *p;
+    p->x = x;
+    p->w = *w;
+    p->y = y;
+    if (norm_w) {
+        p->x_norm_mode = BERTH_NORM_W;
+        p->x_norm_eps = (float)st->m->cfg->eps;
+        p->x_norm_w = *norm_w;
+    }
+    if (glu != BERTH_GLU_NONE) {
+        p->y_glu = glu;
+        p->y_glu_act = BERTH_ACT_GELU_TANH;
+        if (up)
+            p->y_glu_up = *up;
+    }
+}
+
 static berth_status op_matmul_glu(struct g4_step *st, berth_tensor x, const berth_tensor *w, berth_tensor y,
                                   const berth_tensor *norm_w, int32_t glu, const berth_tensor *up, const char *site)
 {
     berth_matmul_params p;
-    memset(&p, 0, sizeof p);
-    p.struct_size = sizeof p;
-    p.x = x;
-    p.w = *w;
-    p.y = y;
-    if (norm_w) {
-        p.x_norm_mode = BERTH_NORM_W;
-        p.x_norm_eps = (float)st->m->cfg->eps;
-        p.x_norm_w = *norm_w;
-    }
-    if (glu != BERTH_GLU_NONE) {
-        p.y_glu = glu;
-        p.y_glu_act = BERTH_ACT_GELU_TANH;
-        if (up)
-            p.y_glu_up = *up;
-    }
+    matmul_params(st, x, w, y, norm_w, glu, up, &p);
     return run(st, BERTH_OP_MATMUL, &p, site);
 }
 
@@ -510,21 +516,9 @@ static berth_status ple_block(struct g4_step *st, int i)
      * the projection of its 256-wide output (y_then, ABI 0.6), so a backend can keep the narrow middle on chip.
      * The post-PLE norm stays pending, as every post-norm: the x_pre of the next layer's q|k|v (on CUDA a skinny
      * product at 17..64 rows packs its x inside that norm; as the projection's y_norm it would not). */
-    berth_matmul_params proj;
-    memset(&proj, 0, sizeof proj);
-    proj.struct_size = sizeof proj;
-    proj.x = pg;
-    proj.w = lw->ple_proj;
-    proj.y = a;
-    berth_matmul_params gate;
-    memset(&gate, 0, sizeof gate);
-    gate.struct_size = sizeof gate;
-    gate.x = xin;
-    gate.w = lw->ple_gate;
-    gate.y = pg;
-    gate.y_glu = BERTH_GLU_MUL;
-    gate.y_glu_act = BERTH_ACT_GELU_TANH;
-    gate.y_glu_up = ple_i;
+    berth_matmul_params proj, gate;
+    matmul_params(st, pg, &lw->ple_proj, a, NULL, BERTH_GLU_NONE, NULL, &proj);
+    matmul_params(st, xin, &lw->ple_gate, pg, NULL, BERTH_GLU_MUL, &ple_i, &gate);
     gate.y_then = &proj;
     if ((r = run(st, BERTH_OP_MATMUL, &gate, "per_layer_input_gate, per_layer_projection")) != BERTH_OK)
         return r;
