@@ -57,6 +57,9 @@
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
+#ifdef BERTH_SK_STAMPS
+#include "attention_args.cuh" /* cu_att_prof_buffer / cu_att_prof_report */
+#endif
 
 #include <cooperative_groups.h>
 #include <string.h>
@@ -130,7 +133,29 @@ struct sk_args {
                                * shadow, cuda_internal.h: the next product's x without a pack) */
     int64_t ldysh;
     int32_t ysh_dt;
+#ifdef BERTH_SK_STAMPS
+    unsigned long long *prof; /* BERTH_CUDA_ATT_PROF=1 in a -Dskinny_stamps=true build: SK_STAMPS per block */
+#endif
 };
+
+/* Measurement build only (meson -Dskinny_stamps=true; BERTH_CUDA_ATT_PROF=1, eager calls): thread 0 of every block
+ * records the global timer at the kernel's phase boundaries: 0 entry, 1 early weights issued, 2 after the PDL wait,
+ * 3 prologue issued, 4 first tile landed, 5 k loop done, 6 partials visible (cluster barrier), 7 outputs stored,
+ * 8 exit (after the last cluster barrier). Without the option the kernel's code is as tuned. */
+#define SK_STAMPS 9
+#ifdef BERTH_SK_STAMPS
+#define SK_STAMP(k)                                                                                                   \
+    do {                                                                                                              \
+        if (a.prof && threadIdx.x == 0) {                                                                             \
+            unsigned long long t_;                                                                                    \
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t_));                                                   \
+            a.prof[((size_t)blockIdx.x + gridDim.x * ((size_t)blockIdx.y + gridDim.y * blockIdx.z)) * SK_STAMPS +  \
+                   (k)] = t_;                                                                                         \
+        }                                                                                                             \
+    } while (0)
+#else
+#define SK_STAMP(k) ((void)0)
+#endif
 
 // ---------------------------------------------------------------------------------------------------------------
 // Device helpers.
@@ -230,6 +255,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     using C = sk_shape<BN, NT, XH>;
     constexpr int S = C::S, MP = C::MP, THREADS = C::THREADS;
     extern __shared__ __align__(128) unsigned char sk_smem[];
+    SK_STAMP(0);
     cu_pdl_trigger();
 
     const int t = (int)threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -323,7 +349,9 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         for (int s = 0; s < S - 1; s++)
             if (s < nt)
                 load_w(kt0 + s, s);
+    SK_STAMP(1);
     cu_pdl_wait();
+    SK_STAMP(2);
     for (int s = 0; s < S - 1; s++) {
         if (s < nt) {
             if (!a.early)
@@ -332,6 +360,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         }
         sk_commit();
     }
+    SK_STAMP(3);
 
     const bool norm = !XH && a.norm_mode != BERTH_NORM_W_NONE; /* XH: the host never pairs it with a prologue */
     float acc[2][NT][4];
@@ -359,6 +388,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     for (int i = 0; i < nt; i++) {
         sk_wait_group<S - 2>(); /* this thread's part of tile i has landed */
         __syncthreads();        /* everyone's; and every warp is done with tile i-1 (its stage and xb are free) */
+        if (i == 0)
+            SK_STAMP(4);
         {
             const int j = i + S - 1;
             if (j < nt) {
@@ -429,6 +460,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     }
     sk_wait_group<0>(); /* only empty groups can be left; none may be in flight when the ring is reused */
     __syncthreads();    /* every warp is done reading the ring */
+    SK_STAMP(5);
 
     /* The block's partial tile part[kp][m][r] (r: the block's w row) over the ring; acc[mt][j][q] is w row
      * rg*32 + mt*16 + lane/4 + (q/2)*8, x row j*8 + 2*(lane%4) + q%2. PITCH = BN + 4 spreads the lanes over all
@@ -459,6 +491,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         cg::this_cluster().sync();
     else
         __syncthreads();
+    SK_STAMP(6);
 
     /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
      * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
@@ -528,8 +561,10 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         if (a.ysh)
             cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
     }
+    SK_STAMP(7);
     if (splits > 1)
         cg::this_cluster().sync(); /* no block may leave while another still reads its shared memory */
+    SK_STAMP(8);
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -881,12 +916,24 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         a.ldysh = ld;
         a.ysh_dt = wdt;
     }
+#ifdef BERTH_SK_STAMPS
+    if (be->att_prof && !be->capturing)
+        a.prof = cu_att_prof_buffer(be, s, pl.blocks, SK_STAMPS);
+#endif
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
         e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits, (unsigned)groups),
                               dim3((unsigned)pl.k.threads),
                               pl.k.smem, dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn, a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
+#ifdef BERTH_SK_STAMPS
+    if (st == BERTH_OK && a.prof) {
+        char what[160];
+        snprintf(what, sizeof what, "skinny M=%d N=%d K=%d grid=%lldx%dx%d bn=%d xh=%d glu=%d", (int)M, (int)Nout,
+                 (int)K, (long long)cb, pl.splits, groups, pl.bn, a.xh != NULL, glu);
+        st = cu_att_prof_report(be, s, a.prof, (int)pl.blocks, SK_STAMPS, what);
+    }
+#endif
     if (st == BERTH_OK)
         *ran = true;
     else if (a.ysh)
