@@ -926,17 +926,17 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
                               dim3((unsigned)pl.k.threads),
                               pl.k.smem, dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn, a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
+    if (st == BERTH_OK)
+        *ran = true;
+    else if (a.ysh)
+        s->xsh.seq = 0; /* claimed, never written */
 #ifdef BERTH_SK_STAMPS
-    if (st == BERTH_OK && a.prof) {
+    if (st == BERTH_OK && a.prof) { /* after *ran: a failed report must not make the caller run the product again */
         char what[160];
         snprintf(what, sizeof what, "skinny M=%d N=%d K=%d grid=%lldx%dx%d bn=%d xh=%d glu=%d", (int)M, (int)Nout,
                  (int)K, (long long)cb, pl.splits, groups, pl.bn, a.xh != NULL, glu);
         st = cu_att_prof_report(be, s, a.prof, (int)pl.blocks, SK_STAMPS, what);
     }
 #endif
-    if (st == BERTH_OK)
-        *ran = true;
-    else if (a.ysh)
-        s->xsh.seq = 0; /* claimed, never written */
     return st;
 }
