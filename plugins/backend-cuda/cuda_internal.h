@@ -339,11 +339,16 @@ static __host__ __device__ __forceinline__ char *cu_row(const cu_rows &r, int64_
 {
     return r.base + cu_row_off(r, i);
 }
-/* Rows of t are evenly spaced (a single stride nb[1] walks all of ne[1]*ne[2]*ne[3] rows). */
+/* Rows of t are evenly spaced (a single stride nb[1] walks all of ne[1]*ne[2]*ne[3] rows: row i at i * nb[1]).
+ * The stride of a size-1 dimension is never used, so it is not compared (an {n, 1, 1, T} view of one head may
+ * carry any nb[2]): each used stride must equal nb[1] times the rows below it. */
 static inline bool cu_rows_uniform(const berth_tensor *t)
 {
-    return (t->ne[2] == 1 || t->nb[2] == t->nb[1] * t->ne[1]) &&
-           (t->ne[3] == 1 || t->nb[3] == t->nb[2] * t->ne[2]);
+    int64_t want = t->nb[1] * t->ne[1];
+    if (t->ne[2] > 1 && t->nb[2] != want)
+        return false;
+    want *= t->ne[2];
+    return t->ne[3] == 1 || t->nb[3] == want;
 }
 static inline int cu_blocks(int64_t n, int per_block)
 {
