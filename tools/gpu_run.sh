@@ -6,8 +6,8 @@
 #   tools/gpu_run.sh bench [gpu_gemma4.sh args]   bench/gpu_gemma4.sh
 #   tools/gpu_run.sh shell 'COMMAND'              anything else, in the same environment, e.g. an A/B of switches:
 #       tools/gpu_run.sh shell 'BUILD_DIR=build-gpu bench/ab_env.sh -r 2 -c 1,8,32 default BERTH_CUDA_PDL=0'
-#   or of two builds' plugin folders (bench/ab_plugins.sh; each folder: a CUDA plugin and the Gemma 4 plugin):
-#       tools/gpu_run.sh shell 'BUILD_DIR=build-gpu bench/ab_plugins.sh -r 2 -c 8,32 build-gpu/plugins /tmp/other'
+#   or of two builds (PLUGINS=DIR: a folder with another build's CUDA plugin and the Gemma 4 plugin):
+#       tools/gpu_run.sh shell 'BUILD_DIR=build-gpu bench/ab_env.sh -r 2 -c 8,32 default PLUGINS=/tmp/other'
 #
 # Environment: BUILD_DIR (default build-gpu), OUT (logs are copied there; the device tool collects it).
 # Libraries the GPU image lacks (inih, pcre2, utf8proc, subunit, jansson) come from .devcarry/lib, copied from
