@@ -376,7 +376,6 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 acc[r] = cu_warp_sum(acc[r]);
-            const int jg = rank * n2b + j;
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 if (r >= mr)
