@@ -136,6 +136,9 @@ struct berth_backend {
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
+    int norm_lean;              /* rms_norm: Gemma's common case (bf16 weights, no or an ADD_AFTER residual, evenly
+                                 * spaced rows longer than a warp's) on a kernel of its own with only that code (env
+                                 * BERTH_CUDA_NORM_LEAN=0|1; measurement branch, session 16) */
     int att_prof;               /* the decode attention kernels log their blocks' phase times per eager call (env
                                  * BERTH_CUDA_ATT_PROF=1; a measurement switch; the cluster kernel only in a build
                                  * with -Dattention_stamps=true) */

@@ -323,6 +323,148 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
     }
 }
 
+/* The fast kernel's block-per-row case for Gemma's norms only (be->norm_lean): bf16 weight (W or W_ONE_PLUS), no
+ * or an ADD_AFTER residual, evenly spaced rows (row r at base + r * nb1: no index split), 2 float4 per thread,
+ * optional second output with a bf16 weight, optional packed copy. The arithmetic is nm_rms_vec_kernel's, step for
+ * step (the same bits); what it leaves out is the code for every other case, which that kernel carries in its
+ * 30 KB of machine code (measurement branch, session 16: does code size cost in the decode step?). */
+static __device__ __forceinline__ char *nm_lean_row(const cu_rows &r, int64_t i)
+{
+    return r.base + i * r.nb1;
+}
+
+template <bool Y2, bool PK>
+__global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
+{
+    constexpr int V = 2;
+    __shared__ float scratch[32];
+    cu_pdl_trigger();
+    const int nv = (int)(a.n >> 2), lane = (int)threadIdx.x, width = (int)blockDim.x;
+    const bool one_plus = a.wmode == BERTH_NORM_W_ONE_PLUS;
+    float4 wv[V], w2v[V];
+    auto ld_w = [&]() {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int q = lane + j * width;
+            wv[j] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (q < nv) {
+                wv[j] = nm_ld_w4<BERTH_DTYPE_BF16>(a.w, q);
+                if (one_plus) {
+                    wv[j].x = 1.0f + wv[j].x;
+                    wv[j].y = 1.0f + wv[j].y;
+                    wv[j].z = 1.0f + wv[j].z;
+                    wv[j].w = 1.0f + wv[j].w;
+                }
+            }
+        }
+    };
+    auto ld_w2 = [&]() {
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int q = lane + j * width;
+            w2v[j] = make_float4(1.0f, 1.0f, 1.0f, 1.0f);
+            if (Y2 && q < nv && (a.w2mode == BERTH_NORM_W || a.w2mode == BERTH_NORM_W_ONE_PLUS)) {
+                w2v[j] = nm_ld_w4<BERTH_DTYPE_BF16>(a.w2, q);
+                if (a.w2mode == BERTH_NORM_W_ONE_PLUS) {
+                    w2v[j].x = 1.0f + w2v[j].x;
+                    w2v[j].y = 1.0f + w2v[j].y;
+                    w2v[j].z = 1.0f + w2v[j].z;
+                    w2v[j].w = 1.0f + w2v[j].w;
+                }
+            }
+        }
+    };
+    if (a.w_early)
+        ld_w();
+    if (Y2 && a.w2_early)
+        ld_w2();
+    cu_pdl_wait();
+    if (!a.w_early)
+        ld_w();
+    if (Y2 && !a.w2_early)
+        ld_w2();
+    const bool resid = a.rmode == BERTH_RESID_ADD_AFTER;
+
+    for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+        const float4 *x = (const float4 *)nm_lean_row(a.x, row);
+        float4 *y = (float4 *)nm_lean_row(a.y, row);
+        const float4 *res = resid ? (const float4 *)nm_lean_row(a.res, row) : nullptr;
+        float4 v[V], r[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) { /* every load of the row before any store */
+            const int q = lane + j * width;
+            v[j] = r[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (q < nv) {
+                v[j] = x[q];
+                if (resid)
+                    r[j] = res[q];
+            }
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            ss = fmaf(v[j].x, v[j].x, ss);
+            ss = fmaf(v[j].y, v[j].y, ss);
+            ss = fmaf(v[j].z, v[j].z, ss);
+            ss = fmaf(v[j].w, v[j].w, ss);
+        }
+        ss = cu_block_sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
+        float ss2 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            const int q = lane + j * width;
+            if (q >= nv)
+                continue;
+            float4 &o = v[j];
+            o.x = v[j].x * inv;
+            o.y = v[j].y * inv;
+            o.z = v[j].z * inv;
+            o.w = v[j].w * inv;
+            o.x *= wv[j].x;
+            o.y *= wv[j].y;
+            o.z *= wv[j].z;
+            o.w *= wv[j].w;
+            if (resid) {
+                o.x = r[j].x + o.x;
+                o.y = r[j].y + o.y;
+                o.z = r[j].z + o.z;
+                o.w = r[j].w + o.w;
+            }
+            if (a.oscale != 1.0f) {
+                o.x *= a.oscale;
+                o.y *= a.oscale;
+                o.z *= a.oscale;
+                o.w *= a.oscale;
+            }
+            y[q] = o;
+            if constexpr (Y2)
+                ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+            else if constexpr (PK)
+                nm_st_packed(a, row, q, o);
+        }
+        if constexpr (Y2) {
+            float4 *y2 = (float4 *)nm_lean_row(a.y2, row);
+            ss2 = cu_block_sum(ss2, scratch);
+            const float inv2 = 1.0f / sqrtf(ss2 / (float)a.n + a.eps);
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const int q = lane + j * width;
+                if (q >= nv)
+                    continue;
+                float4 o2;
+                o2.x = v[j].x * inv2 * w2v[j].x;
+                o2.y = v[j].y * inv2 * w2v[j].y;
+                o2.z = v[j].z * inv2 * w2v[j].z;
+                o2.w = v[j].w * inv2 * w2v[j].w;
+                y2[q] = o2;
+                if constexpr (PK)
+                    nm_st_packed(a, row, q, o2);
+            }
+        }
+    }
+}
+
 /* RMS norm + weight + RoPE (q-norm and rotation in one launch): a block per row (a head, n <= NM_ROPE_MAX, a
  * thread per element), the raw row staged in shared memory so that a thread can read its pair partner; each
  * thread of the first n_pairs then rotates one whole pair (one sincosf, both elements written) exactly as
@@ -585,7 +727,22 @@ template <bool PK>
 static bool nm_rms_vec_run(berth_backend *be, cudaStream_t cs, const berth_rms_norm_params *p, const nm_rms_args &a,
                            cudaError_t *e)
 {
-    switch (nm_vec_wdt(p, a)) {
+    const int wdt = nm_vec_wdt(p, a);
+    if (be->norm_lean && wdt == BERTH_DTYPE_BF16 && a.n > NM_VEC_WARP_MAX &&
+        (a.wmode == BERTH_NORM_W || a.wmode == BERTH_NORM_W_ONE_PLUS) &&
+        (a.rmode == BERTH_RESID_NONE || a.rmode == BERTH_RESID_ADD_AFTER) && cu_rows_uniform(&p->x) &&
+        cu_rows_uniform(&p->y) && (a.rmode == BERTH_RESID_NONE || cu_rows_uniform(&p->residual)) &&
+        (!a.has_y2 || (cu_rows_uniform(&p->y2) && (a.w2 == NULL || (a.w2dt == BERTH_DTYPE_BF16 &&
+                                                                    (uintptr_t)a.w2 % 8 == 0))))) {
+        const int64_t threads = nm_vec_block_threads(a.n / 4); /* the fast kernel's block: 2 float4 per thread */
+        const dim3 grid((unsigned)(a.rows > (1 << 20) ? (1 << 20) : a.rows)), block((unsigned)threads);
+        if (a.has_y2)
+            *e = cu_launch(be, cs, grid, block, 0, nm_rms_lean_kernel<true, PK>, a);
+        else
+            *e = cu_launch(be, cs, grid, block, 0, nm_rms_lean_kernel<false, PK>, a);
+        return true;
+    }
+    switch (wdt) {
     case NM_WNONE: *e = nm_rms_vec_launch<NM_WNONE, PK>(be, cs, a); return true;
     case BERTH_DTYPE_BF16: *e = nm_rms_vec_launch<BERTH_DTYPE_BF16, PK>(be, cs, a); return true;
     case BERTH_DTYPE_F16: *e = nm_rms_vec_launch<BERTH_DTYPE_F16, PK>(be, cs, a); return true;
