@@ -138,7 +138,7 @@ struct berth_backend {
                                  * kernel) */
     int norm_lean;              /* rms_norm: Gemma's common case (bf16 weights, no or an ADD_AFTER residual, evenly
                                  * spaced rows longer than a warp's) on a kernel of its own with only that code (env
-                                 * BERTH_CUDA_NORM_LEAN=0|1; measurement branch, session 16) */
+                                 * BERTH_CUDA_NORM_LEAN=0|1, default 1) */
     int att_prof;               /* the decode attention kernels log their blocks' phase times per eager call (env
                                  * BERTH_CUDA_ATT_PROF=1; a measurement switch; the cluster kernel only in a build
                                  * with -Dattention_stamps=true) */

@@ -327,7 +327,8 @@ __global__ void __launch_bounds__(WARP ? 256 : 1024) nm_rms_vec_kernel(const nm_
  * or an ADD_AFTER residual, evenly spaced rows (row r at base + r * nb1: no index split), 2 float4 per thread,
  * optional second output with a bf16 weight, optional packed copy. The arithmetic is nm_rms_vec_kernel's, step for
  * step (the same bits); what it leaves out is the code for every other case, which that kernel carries in its
- * 30 KB of machine code (measurement branch, session 16: does code size cost in the decode step?). */
+ * 30 KB of machine code: 8-12 KB here, and the decode step 2-3% faster (bench/RESULTS.md session 17: machine
+ * code a kernel carries but does not run costs at every launch). */
 static __device__ __forceinline__ char *nm_lean_row(const cu_rows &r, int64_t i)
 {
     return r.base + i * r.nb1;
