@@ -242,6 +242,13 @@ static __device__ __forceinline__ float sk_norm_factor(int mode, float g)
     return mode == BERTH_NORM_W_ONE_PLUS ? 1.0f + g : g;
 }
 
+/* The gated epilogue's activation as a call: cu_act's switch over every activation, inlined at each use, is code
+ * that every block carries (machine code costs at every launch: bench/RESULTS.md session 17). */
+static __device__ __noinline__ float sk_act(int act, float x)
+{
+    return cu_act(act, x);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.
 
@@ -505,30 +512,25 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         const int off = m * C::PITCH + r;
         float z = 0.0f, zu = 0.0f, sq = 0.0f;
         if (splits > 1) {
+            /* A rolled loop (the same sums in the same order): unrolled over SK_MAX_CLUSTER ranks, with every
+             * rank's loads in flight at once, it was most of the kernel's code (27 KB -> 21 KB at the XH instance)
+             * and the decode step at 32 sequences 1.6% slower (bench/RESULTS.md session 17) */
             cg::cluster_group cl = cg::this_cluster();
-            float pz[SK_MAX_CLUSTER], pu[SK_MAX_CLUSTER], ps[SK_MAX_CLUSTER];
+#pragma unroll 1
+            for (int q = 0; q < splits; q++) {
+                const float *pq = cl.map_shared_rank(part, (unsigned)q);
+                float pz = 0.0f, pu = 0.0f;
 #pragma unroll
-            for (int q = 0; q < SK_MAX_CLUSTER; q++) { /* all loads first: they overlap */
-                pz[q] = pu[q] = ps[q] = 0.0f;
-                if (q < splits) {
-                    const float *pq = cl.map_shared_rank(part, (unsigned)q);
-#pragma unroll
-                    for (int p = 0; p < C::KP; p++) {
-                        pz[q] += pq[p * MP * C::PITCH + off];
-                        if (halves)
-                            pu[q] += pq[p * MP * C::PITCH + off + BN / 2];
-                    }
-                    if (norm)
-                        ps[q] = cl.map_shared_rank(ssp, (unsigned)q)[m];
+                for (int p = 0; p < C::KP; p++) {
+                    pz += pq[p * MP * C::PITCH + off];
+                    if (halves)
+                        pu += pq[p * MP * C::PITCH + off + BN / 2];
                 }
+                z += pz;
+                zu += pu;
+                if (norm)
+                    sq += cl.map_shared_rank(ssp, (unsigned)q)[m];
             }
-#pragma unroll
-            for (int q = 0; q < SK_MAX_CLUSTER; q++)
-                if (q < splits) {
-                    z += pz[q];
-                    zu += pu[q];
-                    sq += ps[q];
-                }
         } else {
 #pragma unroll
             for (int p = 0; p < C::KP; p++) {
@@ -551,9 +553,9 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         }
         float v = z;
         if (halves)
-            v = cu_act(a.act, z) * zu;
+            v = sk_act(a.act, z) * zu;
         else if (a.glu == BERTH_GLU_MUL)
-            v = cu_act(a.act, z) * U[m][n];
+            v = sk_act(a.act, z) * U[m][n];
         float *yr = Y[m];
         if (a.accumulate)
             v += yr[n];
