@@ -44,6 +44,23 @@ __device__ __forceinline__ void cu_st(void *p, int dt, int64_t i, float v)
     }
 }
 
+/* sincosf (same bits) as a call: its exact argument reduction is several KB of machine code, and the decode
+ * kernels that rotate (kv_append, rms_norm with RoPE) would otherwise carry one inlined copy per call site and
+ * unrolled element; code a kernel carries costs at every launch (bench/RESULTS.md, session 17). */
+static __device__ __noinline__ float2 cu_sincos2(float x)
+{
+    float2 r;
+    sincosf(x, &r.x, &r.y);
+    return r;
+}
+
+__device__ __forceinline__ void cu_sincos(float x, float *sn, float *cs)
+{
+    const float2 r = cu_sincos2(x);
+    *sn = r.x;
+    *cs = r.y;
+}
+
 __device__ __forceinline__ float cu_warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)

@@ -159,6 +159,9 @@ __device__ __forceinline__ void kva_rope(float *x, int n, const kva_args &a, con
     }
 }
 
+/* SDT (K and V), DT (the cache), WDT (the norm weights): dtypes fixed at compile time, or -1: read from the
+ * arguments (the general instance) */
+template <int SDT, int DT, int WDT>
 __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a)
 {
     __shared__ float buf[CU_MAX_HEAD_DIM];
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     const int n = isv ? a.DV : a.D, mode = isv ? a.v_mode : isq ? a.q_mode : a.k_mode;
     const bool rope = !isv && a.n_pairs > 0;
     const char *wsrc = isv ? a.v_w : isq ? a.q_w : a.k_w;
-    const int wdt = isv ? a.v_w_dt : isq ? a.q_w_dt : a.k_w_dt;
+    const int wdt = WDT >= 0 ? WDT : isv ? a.v_w_dt : isq ? a.q_w_dt : a.k_w_dt;
     float w[KVA_EPT], fr[KVA_EPT];
     if (a.w_early)
         kva_ld_weights(w, n, mode, wsrc, wdt);
@@ -193,7 +196,7 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
         if (rope) {
 #pragma unroll
             for (int e = 0; e < KVA_EPT; e++)
-                sincosf(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
+                cu_sincos(__fmul_rn(pos, fr[e]), &sn[e], &cs[e]);
         }
     };
     const bool meta_pre = a.meta_early && (!rope || a.f_early); /* the frequencies are needed for sin / cos */
@@ -210,7 +213,7 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     float x[KVA_EPT];
     const char *src = isv ? a.v + t * a.v_nb2 + h * a.v_nb1
                     : isq ? (const char *)a.q + t * a.q_nb2 + h * a.q_nb1 : a.k + t * a.k_nb2 + h * a.k_nb1;
-    const int sdt = isv ? a.v_dt : isq ? (int)BERTH_DTYPE_F32 : a.k_dt;
+    const int sdt = isq ? (int)BERTH_DTYPE_F32 : SDT >= 0 ? SDT : isv ? a.v_dt : a.k_dt;
 #pragma unroll
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(KVA_THREADS) kv_append_kernel(const kva_args a
     for (int e = 0; e < KVA_EPT; e++) {
         const int i = threadIdx.x + e * KVA_THREADS;
         if (i < n)
-            cu_st(d, a.dt, i, x[e]);
+            cu_st(d, DT >= 0 ? DT : a.dt, i, x[e]);
     }
 }
 
@@ -336,7 +339,15 @@ berth_status cu_op_kv_append(berth_backend *be, berth_stream *s, const berth_kv_
     a.DV = kv->head_dim_v;
     /* z: K, V, then the query heads in groups of n_kv_heads */
     const int64_t qz = hq ? (p->q.ne[1] + kv->n_kv_heads - 1) / kv->n_kv_heads : 0;
-    const cudaError_t e = cu_launch(be, s->cs, dim3((unsigned)T, (unsigned)kv->n_kv_heads, (unsigned)(2 + qz)),
-                                    dim3(KVA_THREADS), 0, kv_append_kernel, a);
+    const dim3 grid((unsigned)T, (unsigned)kv->n_kv_heads, (unsigned)(2 + qz));
+    /* Gemma's bf16 decode (fp32 K / V / Q, bf16 cache, bf16 norm weights) on an instance with the dtypes fixed:
+     * ~28 KB of machine code against the general one's ~31 (code a kernel carries costs at every launch) */
+    const bool lean = be->kv_lean && a.k_dt == BERTH_DTYPE_F32 && a.v_dt == BERTH_DTYPE_F32 &&
+                      a.dt == BERTH_DTYPE_BF16 && (!kw || a.k_w_dt == BERTH_DTYPE_BF16) &&
+                      (!vw || a.v_w_dt == BERTH_DTYPE_BF16) && (!qw || a.q_w_dt == BERTH_DTYPE_BF16);
+    const cudaError_t e =
+        lean ? cu_launch(be, s->cs, grid, dim3(KVA_THREADS), 0,
+                         kv_append_kernel<BERTH_DTYPE_F32, BERTH_DTYPE_BF16, BERTH_DTYPE_BF16>, a)
+             : cu_launch(be, s->cs, grid, dim3(KVA_THREADS), 0, kv_append_kernel<-1, -1, -1>, a);
     return cu_check(be, e, "kv_append_kernel");
 }

@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
     const bool pre = a.pos_early && a.f_early && blockIdx.x < a.rows;
     float psn = 0.0f, pcs = 1.0f;
     if (pre && mine)
-        sincosf((float)a.pos[blockIdx.x / a.heads] * fq, &psn, &pcs);
+        cu_sincos((float)a.pos[blockIdx.x / a.heads] * fq, &psn, &pcs);
     cu_pdl_wait();
     if (!a.f_early)
         ld_f();
@@ -526,7 +526,7 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
         }
         float msn = psn, mcs = pcs;
         if (mine && !(pre && row == blockIdx.x))
-            sincosf(p * fq, &msn, &mcs);
+            cu_sincos(p * fq, &msn, &mcs);
         ss = cu_block_sum(ss, scratch); /* its barriers also publish the staged row */
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
         for (int64_t j = tid; j < a.np; j += nt) {
@@ -545,7 +545,7 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
                     x0 *= nm_factor(a.w, a.wdt, a.wmode, i0);
                     x1 *= nm_factor(a.w, a.wdt, a.wmode, i1);
                 }
-                sincosf(p * a.freqs[j], &sn, &cs);
+                cu_sincos(p * a.freqs[j], &sn, &cs);
             }
             const float o0 = x0 * cs - x1 * sn, o1 = x1 * cs + x0 * sn;
             y[i0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
