@@ -196,6 +196,37 @@ __device__ __forceinline__ void adc_copy_elems(unsigned char *dst, const char *s
     }
 }
 
+/* The slow path of a key's copy (K and V rows at kp / vp into the slot at dst, dst_s its shared address): rows
+ * that are not 16-byte aligned, or a lane some of whose chunks are partial or past the row. Rolled loops: the
+ * fast path (every chunk a whole cp.async) is what the kernel runs; this keeps the unrolled issue code small. */
+template <int DT, int CE, int NC, int ROW>
+__device__ __noinline__ void adc_copy_key_slow(uint32_t dst_s, unsigned char *dst, const char *kp, const char *vp, int D,
+                                                 int DV, bool vec, int lane)
+{
+    constexpr int ESZ = DT == BERTH_DTYPE_F32 ? 4 : 2, CB = CE * ESZ;
+#pragma unroll 1
+    for (int c = 0; c < NC; c++) {
+#pragma unroll 1
+        for (int h = 0; h < 2; h++) {
+            const int po = (c * 32 + lane) * CB;
+            const int n = (h ? DV : D) - (c * 32 + lane) * CE;
+            const char *src = (h ? vp : kp) + po;
+            if (vec && n >= CE) {
+                cu_dec_cp<CB>(dst_s + h * ROW + po, src);
+            } else if (n > 0) {
+                unsigned char *d = dst + h * ROW + po;
+#pragma unroll 1
+                for (int e = 0; e < CE; e++) {
+                    if constexpr (ESZ == 4)
+                        ((uint32_t *)d)[e] = e < n ? ((const uint32_t *)src)[e] : 0u;
+                    else
+                        ((uint16_t *)d)[e] = e < n ? ((const uint16_t *)src)[e] : (uint16_t)0;
+                }
+            }
+        }
+    }
+}
+
 /* One chunk (CE elements) from shared memory, widened to fp32. */
 template <int DT, int CE>
 __device__ __forceinline__ void adc_widen(const unsigned char *p, float f[CE])
@@ -353,6 +384,12 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
         kn[c] = a.D - (c * 32 + lane) * CE;
         vn[c] = a.DV - (c * 32 + lane) * CE;
     }
+    /* K/V rows aligned and every chunk of this lane whole or empty: a key's copies are plain cp.async (the slow
+     * path, adc_copy_key_slow, is out of line) */
+    bool fast = vec;
+#pragma unroll
+    for (int c = 0; c < NC; c++)
+        fast = fast && (kn[c] >= CE || kn[c] <= 0) && (vn[c] >= CE || vn[c] <= 0);
     const int r_own = lane >> (5 - LG);       /* the head whose score this lane holds */
     const bool owner = (lane & (RL - 1)) == 0; /* one lane per head publishes it */
     const bool head_ok = r_own < nrv;
@@ -404,17 +441,18 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                         const char *kp = a.kbase + boff + (int64_t)off * a.token_stride + kdim;
                         const char *vp = a.vbase + boff + (int64_t)off * a.v_token_stride + vdim;
                         const int ko = slot * 2 * ROW, vo = ko + ROW;
+                        if (fast) {
 #pragma unroll
-                        for (int c = 0; c < NC; c++) {
-                            const int po = (c * 32 + lane) * CB; /* the chunk's byte offset in the row */
-                            if (vec && kn[c] >= CE)
-                                cu_dec_cp<CB>(region_s + ko + po, kp + po);
-                            else if (kn[c] > 0)
-                                adc_copy_elems<DT, CE>(region + ko + po, kp + po, kn[c]);
-                            if (vec && vn[c] >= CE)
-                                cu_dec_cp<CB>(region_s + vo + po, vp + po);
-                            else if (vn[c] > 0)
-                                adc_copy_elems<DT, CE>(region + vo + po, vp + po, vn[c]);
+                            for (int c = 0; c < NC; c++) {
+                                const int po = (c * 32 + lane) * CB; /* the chunk's byte offset in the row */
+                                if (kn[c] > 0)
+                                    cu_dec_cp<CB>(region_s + ko + po, kp + po);
+                                if (vn[c] > 0)
+                                    cu_dec_cp<CB>(region_s + vo + po, vp + po);
+                            }
+                        } else {
+                            adc_copy_key_slow<DT, CE, NC, ROW>(region_s + ko, region + ko, kp, vp, a.D, a.DV, vec,
+                                                               lane);
                         }
                     }
                 }
@@ -426,28 +464,35 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
             cu_dec_cp_commit(); /* one group per batch, maybe empty: the wait counts stay exact */
         };
 
-        int32_t issued = 0;
-        {
-            const int32_t pre = nbat < rb ? nbat : rb;
-            for (; issued < pre; issued++)
-                issue(issued, issued, false);
-        }
-        if (!waited) { /* the first row: its older keys are in flight; now what the previous kernel wrote */
-            cu_pdl_wait();
-            waited = true;
-            adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
-            ADC_STAMP(1);
-            if (__any_sync(0xffffffffu, defer != 0)) {
-                for (int32_t b = 0; b < issued; b++)
-                    issue(b, b, true);
-                /* One extra group per batch, in batch order, after the regular ones: batch b's two groups are
-                 * complete once at most issued - b - 1 are pending — the loop's own wait — as long as the loop
-                 * issues nothing more (every batch already in flight). Then the older batches are processed
-                 * while the newest keys' copies are still on their way; otherwise let them all land first. */
-                if (nbat > rb)
-                    cu_dec_cp_wait<0>();
+        /* The first rb batches (one issue site for both passes: the code stays small); then, on the first row, the
+         * PDL wait and what the previous kernel wrote: a second pass over the same batches copies the deferred
+         * keys. */
+        const int32_t issued_pre = nbat < rb ? nbat : rb;
+        int32_t issued = issued_pre;
+        bool second = false;
+#pragma unroll 1
+        for (int32_t b = 0;; b++) {
+            if (b == issued_pre) {
+                if (waited) /* no second pass, or it is done */
+                    break;
+                /* the first row: its older keys are in flight; now what the previous kernel wrote */
+                cu_pdl_wait();
+                waited = true;
+                adc_load_q<E, NRW, CE, NC>(a, t, h0, nrv, lane, q);
+                ADC_STAMP(1);
+                if (!__any_sync(0xffffffffu, defer != 0))
+                    break;
+                second = true; /* defer != 0 somewhere: some batch was issued (issued_pre > 0) */
+                b = 0;
             }
+            issue(b, b, second);
         }
+        /* The second pass added one group per batch, in batch order, after the regular ones: batch b's two groups
+         * are complete once at most issued - b - 1 are pending — the loop's own wait — as long as the loop issues
+         * nothing more (every batch already in flight). Then the older batches are processed while the newest
+         * keys' copies are still on their way; otherwise let them all land first. */
+        if (second && nbat > rb)
+            cu_dec_cp_wait<0>();
 
         float m = -INFINITY, l = 0.0f; /* online softmax of head r_own */
         float acc[NRW][E];

@@ -167,8 +167,12 @@ __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, 
     constexpr int CPR = DP / 8; /* pieces per row */
     uint16_t *Kd = (uint16_t *)(sm + C::k_off + st * C::tile_bytes);
     uint16_t *Vd = (uint16_t *)(sm + C::v_off + st * C::tile_bytes);
-#pragma unroll 4
-    for (int c = threadIdx.x; c < C::BN * CPR; c += ADM_THREADS) {
+    /* A fixed trip count, rolled: unrolled by 4 (with its remainder loop) at five call sites this copy was 64 KB of
+     * the kernel's 140 (machine code a kernel carries costs at every launch: bench/RESULTS.md session 17) */
+    static_assert(C::BN * CPR % ADM_THREADS == 0, "every thread copies the same number of pieces");
+#pragma unroll 1
+    for (int k = 0; k < C::BN * CPR / ADM_THREADS; k++) {
+        const int c = threadIdx.x + k * ADM_THREADS;
         const int r = c / CPR, ch = c % CPR;
         const int32_t j = kt0 + r;
         if (j < k1 && (j < jlo || j >= jhi)) /* another call copies this key (before / after the PDL wait); keys past
@@ -289,20 +293,20 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         /* Before the PDL wait only keys of earlier steps: this batch appended keys safe_hi .. (kv_append, the
          * kernel before); those are copied after the wait. */
         const int32_t safe_hi = waited ? INT32_MAX : kv_len - (q1 - q0);
-        if (ntiles > 0)
-            adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0, INT32_MIN, safe_hi);
-        cu_cp_commit();
-        if (ntiles > 1)
-            adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1, INT32_MIN, safe_hi);
-        cu_cp_commit();
+#pragma unroll 1
+        for (int s0 = 0; s0 < 2; s0++) { /* the first two tiles, one group each */
+            if (ntiles > s0)
+                adm_issue<DP>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
+            cu_cp_commit();
+        }
         if (!waited) {
             cu_pdl_wait();
             ADM_STAMP(1);
             waited = true;
             if (ntiles > 0 && k1 > safe_hi && k0 + 2 * BN > safe_hi) { /* the same in the whole block */
-                adm_issue<DP>(a, sm, bt_s, e0, k0, k1, g, 0, safe_hi);
-                if (ntiles > 1)
-                    adm_issue<DP>(a, sm, bt_s, e0, k0 + BN, k1, g, 1, safe_hi);
+#pragma unroll 1
+                for (int s0 = 0; s0 < 2 && s0 < ntiles; s0++)
+                    adm_issue<DP>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
                 cu_cp_commit();
                 cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
             }

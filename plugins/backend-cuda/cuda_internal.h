@@ -316,6 +316,19 @@ static inline cu_rows cu_rows_of(const berth_tensor *t)
 struct cu_row_idx {
     int64_t i1, i2, i3;
 };
+#ifdef __CUDACC__
+/* The 64-bit fallback as a call on the device: inlined, its three divisions were hundreds of instructions in every
+ * kernel that addresses rows (e.g. 4 of the norm kernel's 30 KB), never run by the model's shapes (machine code a
+ * kernel carries costs at every launch: bench/RESULTS.md session 17). */
+static __device__ __noinline__ cu_row_idx cu_split_row_wide(int64_t i, int64_t ne1, int64_t ne2)
+{
+    cu_row_idx x;
+    x.i1 = i % ne1;
+    x.i2 = i / ne1 % ne2;
+    x.i3 = i / ne1 / ne2;
+    return x;
+}
+#endif
 static __host__ __device__ __forceinline__ cu_row_idx cu_split_row(int64_t i, int64_t ne1, int64_t ne2)
 {
     cu_row_idx x;
@@ -329,9 +342,13 @@ static __host__ __device__ __forceinline__ cu_row_idx cu_split_row(int64_t i, in
         x.i2 = q1 - q2 * n2;
         x.i3 = q2;
     } else {
+#ifdef __CUDA_ARCH__
+        x = cu_split_row_wide(i, ne1, ne2);
+#else
         x.i1 = i % ne1;
         x.i2 = i / ne1 % ne2;
         x.i3 = i / ne1 / ne2;
+#endif
     }
     return x;
 }

@@ -479,7 +479,7 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
     extern __shared__ float nm_rope_smem[];
     __shared__ float scratch[32];
     cu_pdl_trigger();
-    const int tid = (int)threadIdx.x, nt = (int)blockDim.x;
+    const int tid = (int)threadIdx.x;
     const bool half = a.rmode_rope == BERTH_ROPE_HALF;
     /* The thread's first pair (j = tid): its frequency and weight factors, before the wait where their buffers
      * hold weights; its sin / cos once the position is known, before the reduction (the decode case is one pair
@@ -518,10 +518,13 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
         const float *x = nm_row(a.x, row);
         float *y = nm_row(a.y, row);
         const float p = (float)a.pos[row / a.heads];
+        /* one element and at most one pair per thread: the launch gives a block at least n threads (n <=
+         * NM_ROPE_MAX), so no loop over elements or pairs (loops with a second iteration that never ran were
+         * most of this kernel's machine code) */
         float ss = 0.0f;
-        for (int64_t i = tid; i < a.n; i += nt) {
-            const float v = x[i];
-            nm_rope_smem[i] = v;
+        if (tid < a.n) {
+            const float v = x[tid];
+            nm_rope_smem[tid] = v;
             ss = fmaf(v, v, ss);
         }
         float msn = psn, mcs = pcs;
@@ -529,38 +532,27 @@ __global__ void __launch_bounds__(NM_ROPE_MAX) nm_rms_rope_kernel(const nm_rms_a
             cu_sincos(p * fq, &msn, &mcs);
         ss = cu_block_sum(ss, scratch); /* its barriers also publish the staged row */
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
-        for (int64_t j = tid; j < a.np; j += nt) {
-            const int64_t i0 = half ? j : 2 * j, i1 = half ? j + a.roff : 2 * j + 1;
-            float x0 = nm_rope_smem[i0] * inv, x1 = nm_rope_smem[i1] * inv;
-            float sn, cs;
-            if (j == tid) {
-                if (wtd) {
-                    x0 *= f0;
-                    x1 *= f1;
-                }
-                sn = msn;
-                cs = mcs;
-            } else {
-                if (wtd) {
-                    x0 *= nm_factor(a.w, a.wdt, a.wmode, i0);
-                    x1 *= nm_factor(a.w, a.wdt, a.wmode, i1);
-                }
-                cu_sincos(p * a.freqs[j], &sn, &cs);
+        if (mine) { /* pair j = tid */
+            float x0 = nm_rope_smem[mi0] * inv, x1 = nm_rope_smem[mi1] * inv;
+            if (wtd) {
+                x0 *= f0;
+                x1 *= f1;
             }
-            const float o0 = x0 * cs - x1 * sn, o1 = x1 * cs + x0 * sn;
-            y[i0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
-            y[i1] = a.oscale != 1.0f ? o1 * a.oscale : o1;
+            const float o0 = x0 * mcs - x1 * msn, o1 = x1 * mcs + x0 * msn;
+            y[mi0] = a.oscale != 1.0f ? o0 * a.oscale : o0;
+            y[mi1] = a.oscale != 1.0f ? o1 * a.oscale : o1;
         }
-        for (int64_t i = tid; i < a.n; i += nt) { /* the elements outside every pair */
+        if (tid < a.n) { /* an element outside every pair */
+            const int64_t i = tid;
             const bool rot = half ? i < a.np || (i >= a.roff && i < a.roff + a.np) : i < 2 * (int64_t)a.np;
-            if (rot)
-                continue;
-            float v = nm_rope_smem[i] * inv;
-            if (a.wmode == BERTH_NORM_W)
-                v *= cu_ld(a.w, a.wdt, i);
-            else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
-                v *= 1.0f + cu_ld(a.w, a.wdt, i);
-            y[i] = a.oscale != 1.0f ? v * a.oscale : v;
+            if (!rot) {
+                float v = nm_rope_smem[i] * inv;
+                if (a.wmode == BERTH_NORM_W)
+                    v *= cu_ld(a.w, a.wdt, i);
+                else if (a.wmode == BERTH_NORM_W_ONE_PLUS)
+                    v *= 1.0f + cu_ld(a.w, a.wdt, i);
+                y[i] = a.oscale != 1.0f ? v * a.oscale : v;
+            }
         }
         __syncthreads(); /* the staged row is rewritten by the next one */
     }
