@@ -371,6 +371,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->att_prof = env_flag(host, "BERTH_CUDA_ATT_PROF", 0);
     be->norm_lean = env_flag(host, "BERTH_CUDA_NORM_LEAN", 1);
     be->kv_lean = env_flag(host, "BERTH_CUDA_KV_LEAN", 1);
+    be->gemv_gelu = env_flag(host, "BERTH_CUDA_GEMV_GELU", 1);
     static const env_name merge[] = {{"kernel", 1}, {"last", 0}};
     be->att_merge_kernel = env_choice(host, "BERTH_CUDA_ATT_MERGE", ENV_NAMES(merge), 1, "'kernel' or 'last'");
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};

@@ -102,10 +102,15 @@ __device__ __forceinline__ float cu_block_max(float v, float *scratch)
 }
 
 /* BERTH_ACT_* in fp32, the formulas of berth/backend.h (precise libm-equivalent functions, no fast-math). */
+__device__ __forceinline__ float cu_gelu_tanh(float x)
+{
+    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+}
+
 __device__ __forceinline__ float cu_act(int act, float x)
 {
     switch (act) {
-    case BERTH_ACT_GELU_TANH: return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+    case BERTH_ACT_GELU_TANH: return cu_gelu_tanh(x);
     case BERTH_ACT_GELU_ERF: return 0.5f * x * (1.0f + erff(x * 0.7071067811865476f));
     case BERTH_ACT_SILU: return x / (1.0f + expf(-x));
     case BERTH_ACT_RELU: return x > 0.0f ? x : 0.0f;

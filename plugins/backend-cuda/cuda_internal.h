@@ -136,6 +136,8 @@ struct berth_backend {
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
+    int gemv_gelu;              /* the batch-1 GEMV's gated epilogue with GELU-tanh (bf16 weights) on instances with that
+                                 * activation fixed (env BERTH_CUDA_GEMV_GELU=0|1, default 1) */
     int kv_lean;                /* kv_append: Gemma's bf16 decode dtypes on an instance with them fixed (env
                                  * BERTH_CUDA_KV_LEAN=0|1, default 1) */
     int norm_lean;              /* rms_norm: Gemma's common case (bf16 weights, no or an ADD_AFTER residual, evenly

@@ -92,23 +92,43 @@ static __device__ __forceinline__ float gv_dot(const uint4 q, const float (&xv)[
 
 /* Output n0 + t (t < outputs per team) from the row sums s0, s1: + bias, the gated epilogue, + old y. HALVES: s0
  * is the gate row's sum, s1 the up row's, one output n0. */
+/* The GLU template argument: the epilogue's berth GLU mode, plus GV_GELU where the activation is GELU-tanh fixed at
+ * compile time (Gemma's) — those instances carry no code for the other activations: 8 KB instead of 14 (machine
+ * code a kernel carries costs at every launch: bench/RESULTS.md session 17). BERTH_CUDA_GEMV_GELU=0 keeps the
+ * general instances. */
+#define GV_GELU 16
+static __host__ __device__ constexpr int gv_mode(int glu)
+{
+    return glu & (GV_GELU - 1);
+}
+
+template <int GLU>
+static __device__ __forceinline__ float gv_act(const cu_gemv1_args &a, float v)
+{
+    if constexpr ((GLU & GV_GELU) != 0)
+        return cu_gelu_tanh(v);
+    else
+        return cu_act(a.glu_act, v);
+}
+
 template <int GLU>
 static __device__ __forceinline__ void gv_store(const cu_gemv1_args &a, int64_t n0, int t, float s0, float s1)
 {
-    const int64_t n = GLU == BERTH_GLU_HALVES ? n0 : n0 + t;
+    constexpr int MODE = gv_mode(GLU);
+    const int64_t n = MODE == BERTH_GLU_HALVES ? n0 : n0 + t;
     if (n >= a.N)
         return;
-    float v = GLU == BERTH_GLU_HALVES || t == 0 ? s0 : s1;
+    float v = MODE == BERTH_GLU_HALVES || t == 0 ? s0 : s1;
     float vu = s1;
     if (a.bias) {
         v += cu_ld(a.bias, a.bias_dt, n);
-        if (GLU == BERTH_GLU_HALVES)
+        if (MODE == BERTH_GLU_HALVES)
             vu += cu_ld(a.bias, a.bias_dt, a.N + n);
     }
-    if constexpr (GLU == BERTH_GLU_HALVES)
-        v = cu_act(a.glu_act, v) * vu;
-    else if constexpr (GLU == BERTH_GLU_MUL)
-        v = cu_act(a.glu_act, v) * a.u[n];
+    if constexpr (MODE == BERTH_GLU_HALVES)
+        v = gv_act<GLU>(a, v) * vu;
+    else if constexpr (MODE == BERTH_GLU_MUL)
+        v = gv_act<GLU>(a, v) * a.u[n];
     if (a.accumulate)
         v += a.y[n];
     a.y[n] = v;
@@ -122,7 +142,7 @@ template <int TPR, int GLU, bool YN>
 static __device__ __forceinline__ void gv_finish(const cu_gemv1_args &a, float (&red)[GV_THREADS / 32][2], int t,
                                                  int team, int64_t n0, bool active, float s0, float s1)
 {
-    constexpr int RO = GLU == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
+    constexpr int RO = gv_mode(GLU) == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
     s0 = cu_warp_sum(s0);
     s1 = cu_warp_sum(s1);
     if constexpr (TPR > 32) { /* the team spans several warps: add their sums through shared memory */
@@ -156,7 +176,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_MIN_BLOCKS) gv_kernel(const cu_
     extern __shared__ __align__(16) char gv_smem[]; /* XP: x rebuilt by the prologue (gemv_xpre.cuh) */
     constexpr int U = GV_U;
     constexpr int TEAMS = GV_THREADS / TPR;
-    constexpr int RO = GLU == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
+    constexpr int RO = gv_mode(GLU) == BERTH_GLU_HALVES ? 1 : 2; /* outputs per team */
     constexpr int E = WDT == BERTH_DTYPE_F32 ? 4 : 8;   /* elements per chunk */
     constexpr int WS = TPR * 16;                        /* bytes of a row from one chunk of a thread to its next */
     constexpr int XS = TPR * E;                         /* floats of x between them */
@@ -253,7 +273,7 @@ __global__ void __launch_bounds__(GV_THREADS, GV_ASYNC_MIN_BLOCKS)
 gv_async_kernel(const cu_gemv1_args a)
 {
     constexpr int S = GV_STAGES;
-    constexpr int RO = GLU == BERTH_GLU_HALVES ? 1 : 2;
+    constexpr int RO = gv_mode(GLU) == BERTH_GLU_HALVES ? 1 : 2;
     constexpr int E = WDT == BERTH_DTYPE_F32 ? 4 : 8;
     constexpr int WS = TPR * 16, XS = TPR * E;
     __shared__ uint4 stage[S][2][GV_THREADS]; /* [slot][row][thread]: a warp's 16-byte accesses are contiguous */
@@ -345,6 +365,12 @@ static cudaError_t gv_launch_w(berth_backend *be, cudaStream_t cs, dim3 grid, bo
 {
     /* the epilogue is a template argument: the plain kernel carries no activation code; the trailing norm only
      * follows a plain product (cu_ynorm_plan's caller) */
+    if constexpr (WDT == BERTH_DTYPE_BF16) { /* GELU-tanh fixed: only where Gemma runs (bf16 weights) */
+        if (be->gemv_gelu && a.glu_act == BERTH_ACT_GELU_TANH && a.glu == BERTH_GLU_HALVES)
+            return gv_launch<WDT, BERTH_GLU_HALVES | GV_GELU, false>(be, cs, grid, async, a);
+        if (be->gemv_gelu && a.glu_act == BERTH_ACT_GELU_TANH && a.glu == BERTH_GLU_MUL)
+            return gv_launch<WDT, BERTH_GLU_MUL | GV_GELU, false>(be, cs, grid, async, a);
+    }
     switch (a.glu) {
     case BERTH_GLU_HALVES: return gv_launch<WDT, BERTH_GLU_HALVES, false>(be, cs, grid, async, a);
     case BERTH_GLU_MUL: return gv_launch<WDT, BERTH_GLU_MUL, false>(be, cs, grid, async, a);
