@@ -101,12 +101,13 @@ __device__ __forceinline__ float cu_block_max(float v, float *scratch)
     return cu_warp_max(v);
 }
 
-/* BERTH_ACT_* in fp32, the formulas of berth/backend.h (precise libm-equivalent functions, no fast-math). */
+/* GELU-tanh alone, for instances that fix the activation (gemv.cu); cu_act's case is this expression. */
 __device__ __forceinline__ float cu_gelu_tanh(float x)
 {
     return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+/* BERTH_ACT_* in fp32, the formulas of berth/backend.h (precise libm-equivalent functions, no fast-math). */
 __device__ __forceinline__ float cu_act(int act, float x)
 {
     switch (act) {
