@@ -47,6 +47,9 @@ def compile_cubin(build, src, out):
     r = subprocess.run(cmd, cwd=e["directory"], capture_output=True, text=True, env=env)
     if r.returncode != 0:
         sys.exit("kernel_sizes: nvcc failed:\n" + r.stderr[-4000:])
+    for line in r.stderr.splitlines():  # the compiler's warnings (ptxas -v's info lines are parsed below)
+        if "warning" in line.lower():
+            print(line, file=sys.stderr)
     return r.stderr
 
 
