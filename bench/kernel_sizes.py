@@ -5,9 +5,13 @@ first, with registers and spills from ptxas. Machine code a decode kernel carrie
 (bench/RESULTS.md, session 17), so this is the first check of a kernel change.
 
     bench/kernel_sizes.py BUILD_DIR FILE.cu [--grep SUBSTR ...] [--keep CUBIN]
+    bench/kernel_sizes.py BUILD_DIR FILE.cu --lines MANGLED_SUBSTR [--top N]
 
 e.g. bench/kernel_sizes.py build-gpu plugins/backend-cuda/norm.cu --grep rms_lean --grep rope
 Needs nvcc (PATH or /usr/local/cuda/bin), readelf and c++filt. Sizes are bytes of sm_90 SASS.
+--lines: where one kernel's code comes from, without a disassembler (none on the development machine): the PTX
+instructions of the first entry whose mangled name contains the substring, counted per source line (.loc of a
+-lineinfo compile). PTX is not SASS, but the lines that dominate one dominate the other.
 """
 import argparse
 import json
@@ -19,8 +23,9 @@ import sys
 import tempfile
 
 
-def compile_cubin(build, src, out):
-    """The build's command for src, turned into an sm_90 cubin compile; returns ptxas -v's stderr."""
+def compile_cubin(build, src, out, ptx=False):
+    """The build's command for src, turned into an sm_90 cubin compile (or a -lineinfo PTX one); returns the
+    compiler's stderr (ptxas -v's lines for a cubin)."""
     cc = json.load(open(os.path.join(build, "compile_commands.json")))
     want = os.path.realpath(src)
     for e in cc:
@@ -41,7 +46,7 @@ def compile_cubin(build, src, out):
         if a.startswith("-gencode=") and "code=compute_" in a:  # a cubin holds one SASS target, no PTX
             continue
         cmd.append(a)
-    cmd += ["-cubin", "-Xptxas", "-v", "-o", out, f]
+    cmd += (["-ptx", "-lineinfo"] if ptx else ["-cubin", "-Xptxas", "-v"]) + ["-o", out, f]
     env = dict(os.environ)
     env["PATH"] = env.get("PATH", "") + ":/usr/local/cuda/bin"
     r = subprocess.run(cmd, cwd=e["directory"], capture_output=True, text=True, env=env)
@@ -72,13 +77,54 @@ def ptxas_info(log):
     return info
 
 
+def ptx_lines(ptx, want, top):
+    """PTX instructions per source line in the body of the first entry whose name contains want"""
+    text = open(ptx).read().splitlines()
+    files = {}
+    for line in text:
+        m = re.match(r'\s*\.file\s+(\d+)\s+"([^"]+)"', line)
+        if m:
+            files[m.group(1)] = os.path.basename(m.group(2))
+    count, cur, inside, depth, name = {}, None, False, 0, None
+    for line in text:
+        s = line.strip()
+        if not inside:
+            if ".entry" in s and want in s:
+                inside, name = True, s.split()[-1].rstrip("(")
+            continue
+        depth += s.count("{") - s.count("}")
+        m = re.match(r"\.loc\s+(\d+)\s+(\d+)", s)
+        if m:
+            cur = "%s:%s" % (files.get(m.group(1), m.group(1)), m.group(2))
+        elif s.endswith(";") and not s.startswith((".", "//", "$")):
+            count[cur] = count.get(cur, 0) + 1
+        if depth < 0 or (s == "}" and depth == 0 and count):
+            break
+    if name is None:
+        sys.exit("kernel_sizes: no entry matching %s" % want)
+    total = sum(count.values())
+    print("%s: %d PTX instructions" % (name, total))
+    for where, n in sorted(count.items(), key=lambda x: -x[1])[:top]:
+        print("%6d %5.1f%%  %s" % (n, 100.0 * n / total, where))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("build")
     ap.add_argument("src")
     ap.add_argument("--grep", action="append", default=[], help="only kernels whose demangled name contains this")
     ap.add_argument("--keep", help="write the cubin here instead of a temporary file")
+    ap.add_argument("--lines", help="PTX instructions per source line of the kernel whose mangled name has this")
+    ap.add_argument("--top", type=int, default=25)
     a = ap.parse_args()
+    if a.lines:
+        out = tempfile.NamedTemporaryFile(suffix=".ptx", delete=False).name
+        try:
+            compile_cubin(a.build, a.src, out, ptx=True)
+            ptx_lines(out, a.lines, a.top)
+        finally:
+            os.unlink(out)
+        return
     out = a.keep or tempfile.NamedTemporaryFile(suffix=".cubin", delete=False).name
     try:
         info = ptxas_info(compile_cubin(a.build, a.src, out))
