@@ -246,27 +246,12 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
                 if (!(row && q < nv))
                     continue;
                 const float4 f = ((const float4 *)sPW)[q];
-                float4 o;
-                o.x = v[k].x * inv * f.x;
-                o.y = v[k].y * inv * f.y;
-                o.z = v[k].z * inv * f.z;
-                o.w = v[k].w * inv * f.w;
-                if (rr) {
-                    o.x = rv[k].x + o.x;
-                    o.y = rv[k].y + o.y;
-                    o.z = rv[k].z + o.z;
-                    o.w = rv[k].w + o.w;
-                }
-                if (n.oscale != 1.0f) {
-                    o.x *= n.oscale;
-                    o.y *= n.oscale;
-                    o.z *= n.oscale;
-                    o.w *= n.oscale;
-                }
+                float4 o = nm_scale4(v[k], inv, f);
+                nm_resid_scale4(o, rr, rv[k], n.oscale);
                 v[k] = o;
                 if (n.y2)
                     ((float4 *)(sY + (int64_t)r * K1))[q] = o;
-                ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+                ss2 = nm_sumsq4(o, ss2);
             }
             if (n.y2) { /* uniform: row_sum's barriers are safe */
                 const float inv2 = 1.0f / sqrtf(row_sum(ss2) / (float)K1 + n.eps);
@@ -276,12 +261,7 @@ __global__ void __launch_bounds__(MP_THREADS, 1) mp_pair_kernel(const mp_args a)
                     if (!(row && q < nv))
                         continue;
                     const float4 f = ((const float4 *)sPW2)[q];
-                    float4 o;
-                    o.x = v[k].x * inv2 * f.x;
-                    o.y = v[k].y * inv2 * f.y;
-                    o.z = v[k].z * inv2 * f.z;
-                    o.w = v[k].w * inv2 * f.w;
-                    v[k] = o;
+                    v[k] = nm_scale4(v[k], inv2, f);
                 }
             }
 #pragma unroll

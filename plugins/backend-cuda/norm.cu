@@ -417,30 +417,12 @@ __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
             const int q = lane + j * width;
             if (q >= nv)
                 continue;
-            float4 &o = v[j];
-            o.x = v[j].x * inv;
-            o.y = v[j].y * inv;
-            o.z = v[j].z * inv;
-            o.w = v[j].w * inv;
-            o.x *= wv[j].x;
-            o.y *= wv[j].y;
-            o.z *= wv[j].z;
-            o.w *= wv[j].w;
-            if (resid) {
-                o.x = r[j].x + o.x;
-                o.y = r[j].y + o.y;
-                o.z = r[j].z + o.z;
-                o.w = r[j].w + o.w;
-            }
-            if (a.oscale != 1.0f) {
-                o.x *= a.oscale;
-                o.y *= a.oscale;
-                o.z *= a.oscale;
-                o.w *= a.oscale;
-            }
+            float4 &o = v[j]; /* y's values stay in v[] for the second output */
+            o = nm_scale4(v[j], inv, wv[j]);
+            nm_resid_scale4(o, resid, r[j], a.oscale);
             y[q] = o;
             if constexpr (Y2)
-                ss2 = fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, ss2))));
+                ss2 = nm_sumsq4(o, ss2);
             else if constexpr (PK)
                 nm_st_packed(a, row, q, o);
         }
@@ -453,11 +435,7 @@ __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
                 const int q = lane + j * width;
                 if (q >= nv)
                     continue;
-                float4 o2;
-                o2.x = v[j].x * inv2 * w2v[j].x;
-                o2.y = v[j].y * inv2 * w2v[j].y;
-                o2.z = v[j].z * inv2 * w2v[j].z;
-                o2.w = v[j].w * inv2 * w2v[j].w;
+                const float4 o2 = nm_scale4(v[j], inv2, w2v[j]);
                 y2[q] = o2;
                 if constexpr (PK)
                     nm_st_packed(a, row, q, o2);

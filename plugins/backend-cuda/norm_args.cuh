@@ -56,4 +56,39 @@ static __device__ __forceinline__ float nm_factor(const void *w, int dt, int mod
     return 1.0f;
 }
 
+/* Four elements of a norm's float4 paths, each step in rms_norm's order (the CPU backend's): */
+/* y * inv * w (the weighted output; the second output: y * inv2 * w2) */
+static __device__ __forceinline__ float4 nm_scale4(const float4 &y, float inv, const float4 &w)
+{
+    float4 o;
+    o.x = y.x * inv * w.x;
+    o.y = y.y * inv * w.y;
+    o.z = y.z * inv * w.z;
+    o.w = y.w * inv * w.w;
+    return o;
+}
+
+/* then + the residual (ADD_AFTER: add), then * out_scale */
+static __device__ __forceinline__ void nm_resid_scale4(float4 &o, bool add, const float4 &r, float oscale)
+{
+    if (add) {
+        o.x = r.x + o.x;
+        o.y = r.y + o.y;
+        o.z = r.z + o.z;
+        o.w = r.w + o.w;
+    }
+    if (oscale != 1.0f) {
+        o.x *= oscale;
+        o.y *= oscale;
+        o.z *= oscale;
+        o.w *= oscale;
+    }
+}
+
+/* s + the output's sum of squares (for the second output's norm) */
+static __device__ __forceinline__ float nm_sumsq4(const float4 &o, float s)
+{
+    return fmaf(o.x, o.x, fmaf(o.y, o.y, fmaf(o.z, o.z, fmaf(o.w, o.w, s))));
+}
+
 #endif
