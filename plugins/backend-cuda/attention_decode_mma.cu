@@ -227,7 +227,7 @@ __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq,
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
 
-template <int DP, bool F16>
+template <int DP, bool F16, bool MK>
 __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_args a)
 {
     using C = adm_cfg<DP>;
@@ -486,7 +486,9 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         }
         __syncthreads(); /* Qs, bt_s, ml_s and the stages are free for the next row */
     }
-    if (a.merge_kernel) { /* adm_merge_kernel, launched after this one, merges */
+    if constexpr (MK) { /* adm_merge_kernel, launched after this one, merges; this instance carries no code for
+                         * merging by the last block (machine code a kernel carries costs at every launch:
+                         * bench/RESULTS.md session 17) */
         ADM_STAMP(4);
         return;
     }
@@ -658,9 +660,9 @@ struct adm_cache {
 };
 
 template <int DP, bool F16>
-static void (*adm_fn())(const adm_args)
+static void (*adm_fn(bool mk))(const adm_args)
 {
-    return attn_decode_mma_kernel<DP, F16>;
+    return mk ? attn_decode_mma_kernel<DP, F16, true> : attn_decode_mma_kernel<DP, F16, false>;
 }
 
 static int adm_dp(int dmax)
@@ -805,19 +807,20 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
 
     const int dp = adm_dp(D > DV ? D : DV), bn = adm_bn(dp);
     const bool f16 = kv->dtype == BERTH_DTYPE_F16;
+    const bool mk = be->att_merge_kernel != 0; /* merged by adm_merge_kernel: no counters needed */
     void (*fn)(const adm_args) = nullptr;
     switch (dp) {
-    case 64: fn = f16 ? adm_fn<64, true>() : adm_fn<64, false>(); break;
-    case 128: fn = f16 ? adm_fn<128, true>() : adm_fn<128, false>(); break;
-    case 256: fn = f16 ? adm_fn<256, true>() : adm_fn<256, false>(); break;
-    default: fn = f16 ? adm_fn<512, true>() : adm_fn<512, false>(); break;
+    case 64: fn = f16 ? adm_fn<64, true>(mk) : adm_fn<64, false>(mk); break;
+    case 128: fn = f16 ? adm_fn<128, true>(mk) : adm_fn<128, false>(mk); break;
+    case 256: fn = f16 ? adm_fn<256, true>(mk) : adm_fn<256, false>(mk); break;
+    default: fn = f16 ? adm_fn<512, true>(mk) : adm_fn<512, false>(mk); break;
     }
 
     /* Set up once per device at the largest shared memory any call of this instance asks for (a table window of
      * ADM_KMAX keys at block size 1), so that occupancy is one number per instance. */
-    static adm_cache caches[2][4];
+    static adm_cache caches[2][2][4];
     int *slot = be->device >= 0 && be->device < ADM_CACHE_DEVICES
-                    ? &caches[f16][dp == 64 ? 0 : dp == 128 ? 1 : dp == 256 ? 2 : 3].bps[be->device]
+                    ? &caches[mk][f16][dp == 64 ? 0 : dp == 128 ? 1 : dp == 256 ? 2 : 3].bps[be->device]
                     : nullptr;
     int bps = slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : 0;
     const size_t smem_max = adm_smem(dp, ADM_KMAX + 2);
@@ -847,7 +850,6 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     const int wbps = be->att_mma_bps > 0 ? be->att_mma_bps : bps; /* BERTH_CUDA_ATT_MMA_BPS: tuning runs */
     int ns = adm_splits(be, kvb, base, wbps, bn);
     const int ns_ws = adm_splits(be, cap, base, wbps, bn); /* the workspace is sized for the capacity bound */
-    const bool mk = be->att_merge_kernel != 0; /* no counters needed */
     if (reserve_only) { /* the capture sizes by the table's capacity: reserve that now (no growth while capturing) */
         ns = ns_ws;
         if (ns == 0 || (ns > 1 && !mk && base > CU_ATT_COUNTERS))
