@@ -214,12 +214,20 @@ __device__ __forceinline__ bool adm_arrive(unsigned int *count, int n)
     return last != 0;
 }
 
+/* v * sigmoid(gv), as a call: expf inlined at every output of the unrolled stores was a fifth of the kernel's
+ * code, carried by every model's launches and run only by gated attention (machine code a kernel carries costs
+ * at every launch: bench/RESULTS.md session 17). */
+static __device__ __noinline__ float adm_gate_mul(float v, float gv)
+{
+    return v * (1.0f / (1.0f + expf(-gv)));
+}
+
 /* out[t, h0 + h, d] = v (times sigmoid(gate) when gated). */
 __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq, int d, float v)
 {
     if (a.gate) {
         const float gv = *(const float *)(a.gate + t * a.gate_nb2 + (int64_t)hq * a.gate_nb1 + (int64_t)d * 4);
-        v *= 1.0f / (1.0f + expf(-gv));
+        v = adm_gate_mul(v, gv);
     }
     return v;
 }
