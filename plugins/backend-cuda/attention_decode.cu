@@ -541,7 +541,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                     cu_dec_reduce_scatter<NRW>(dot[kb], lane);
 #pragma unroll
                 for (int kb = 0; kb < KB; kb++) {
-                    const float sc = cu_attn_score(a, dot[kb][0]);
+                    const float sc = a.scale * dot[kb][0]; /* cu_attn_score without softcap (the launch's rule) */
                     s[kb] = (vb >> kb & 1u) && head_ok ? sc : -INFINITY;
                 }
             }
@@ -1014,6 +1014,11 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     const bool gate = p->gate.buf != nullptr;
     if (p->q.dtype != BERTH_DTYPE_F32 || p->out.dtype != BERTH_DTYPE_F32 ||
         (gate && p->gate.dtype != BERTH_DTYPE_F32))
+        return BERTH_OK;
+    /* Softcap goes to the other decode kernels: none of the models here uses it in attention, and its tanhf,
+     * inlined once per key of the unrolled batch, was 4-5.5 KB of this kernel's machine code (code a kernel
+     * carries costs at every launch: bench/RESULTS.md session 17). */
+    if (p->softcap > 0.0f)
         return BERTH_OK;
 
     /* Small calls only. Measured on the H200 (bench_cuda_attention, bench/RESULTS.md session 4): one launch wins
