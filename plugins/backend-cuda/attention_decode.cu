@@ -55,7 +55,8 @@
  * Robustness as attention.cu (metadata is device data, never read back): a sequence whose seq_q_start range is
  * not inside [0, T] is skipped, seq_kv_len is clamped to the block table's row, a key whose block-table entry is
  * not a block of the pool is skipped (never dereferenced: score -inf, no V), rows that see no key write zeros.
- * Unaligned K/V rows (and the last, partial piece of a row) are copied element by element.
+ * Unaligned K/V or q rows, head dims that are not a multiple of 8 and softcap are left to the other kernels
+ * (cu_attention_decode_fast returns with *ran = false): this kernel carries code for none of them.
  */
 #include "attention_args.cuh"
 #include "cuda_cluster.cuh"
@@ -123,7 +124,6 @@ struct adc_args {
     int32_t D, DV, n_rep, n_kv_heads, T;
     int32_t mask, window;
     float scale, softcap;
-    int32_t vec, q_vec; /* K/V rows (q rows) 16-byte aligned */
     int32_t late;       /* PDL trigger after the key loop instead of at the start (BERTH_CUDA_ATT_TRIGGER=late) */
     int32_t prewait;    /* metadata, block table and the K/V of earlier steps' keys before the PDL wait (see top) */
     /* launch shape */
@@ -172,61 +172,6 @@ __device__ __forceinline__ void adc_cp_wait_dyn(int n)
         cu_dec_cp_wait<3>();
 }
 
-/* CE elements of dtype DT at src into shared memory at dst, elements at or past nvalid stored as zeros (rows that
- * are not 16-byte aligned, or the piece that straddles the end of a row). */
-template <int DT, int CE>
-__device__ __forceinline__ void adc_copy_elems(unsigned char *dst, const char *src, int nvalid)
-{
-    if constexpr (DT == BERTH_DTYPE_F32) {
-        uint32_t v[CE];
-#pragma unroll
-        for (int e = 0; e < CE; e++)
-            v[e] = e < nvalid ? ((const uint32_t *)src)[e] : 0u;
-#pragma unroll
-        for (int e = 0; e < CE; e++)
-            ((uint32_t *)dst)[e] = v[e];
-    } else {
-        uint16_t v[CE];
-#pragma unroll
-        for (int e = 0; e < CE; e++)
-            v[e] = e < nvalid ? ((const uint16_t *)src)[e] : (uint16_t)0;
-#pragma unroll
-        for (int e = 0; e < CE; e++)
-            ((uint16_t *)dst)[e] = v[e];
-    }
-}
-
-/* The slow path of a key's copy (K and V rows at kp / vp into the slot at dst, dst_s its shared address): rows
- * that are not 16-byte aligned, or a lane some of whose chunks are partial or past the row. Rolled loops: the
- * fast path (every chunk a whole cp.async) is what the kernel runs; this keeps the unrolled issue code small. */
-template <int DT, int CE, int NC, int ROW>
-__device__ __noinline__ void adc_copy_key_slow(uint32_t dst_s, unsigned char *dst, const char *kp, const char *vp, int D,
-                                                 int DV, bool vec, int lane)
-{
-    constexpr int ESZ = DT == BERTH_DTYPE_F32 ? 4 : 2, CB = CE * ESZ;
-#pragma unroll 1
-    for (int c = 0; c < NC; c++) {
-#pragma unroll 1
-        for (int h = 0; h < 2; h++) {
-            const int po = (c * 32 + lane) * CB;
-            const int n = (h ? DV : D) - (c * 32 + lane) * CE;
-            const char *src = (h ? vp : kp) + po;
-            if (vec && n >= CE) {
-                cu_dec_cp<CB>(dst_s + h * ROW + po, src);
-            } else if (n > 0) {
-                unsigned char *d = dst + h * ROW + po;
-#pragma unroll 1
-                for (int e = 0; e < CE; e++) {
-                    if constexpr (ESZ == 4)
-                        ((uint32_t *)d)[e] = e < n ? ((const uint32_t *)src)[e] : 0u;
-                    else
-                        ((uint16_t *)d)[e] = e < n ? ((const uint16_t *)src)[e] : (uint16_t)0;
-                }
-            }
-        }
-    }
-}
-
 /* One chunk (CE elements) from shared memory, widened to fp32. */
 template <int DT, int CE>
 __device__ __forceinline__ void adc_widen(const unsigned char *p, float f[CE])
@@ -248,7 +193,8 @@ __device__ __forceinline__ void adc_widen(const unsigned char *p, float f[CE])
     }
 }
 
-/* q of row t, heads h0 .. h0 + NRW - 1 (zeros for heads at or past nrv and dims at or past D), this lane's dims. */
+/* q of row t, heads h0 .. h0 + NRW - 1 (zeros for heads at or past nrv and dims at or past D), this lane's dims:
+ * whole float4 loads (the launch takes only 16-byte aligned q rows and head dims that are whole chunks). */
 template <int E, int NRW, int CE, int NC>
 __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0, int nrv, int lane, float q[NRW][E])
 {
@@ -258,7 +204,7 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
 #pragma unroll
         for (int c = 0; c < NC; c++) {
             const int d0 = (c * 32 + lane) * CE;
-            if (r < nrv && a.q_vec && d0 + CE <= a.D) {
+            if (r < nrv && d0 < a.D) { /* then d0 + CE <= D */
 #pragma unroll
                 for (int e = 0; e < CE; e += 4) {
                     const float4 x = *(const float4 *)(qr + d0 + e);
@@ -268,7 +214,7 @@ __device__ __forceinline__ void adc_load_q(const adc_args &a, int64_t t, int h0,
             } else {
 #pragma unroll
                 for (int e = 0; e < CE; e++)
-                    q[r][c * CE + e] = r < nrv && d0 + e < a.D ? qr[d0 + e] : 0.0f;
+                    q[r][c * CE + e] = 0.0f;
             }
         }
     }
@@ -377,19 +323,14 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
     const int64_t kdim = (int64_t)g * a.head_stride, vdim = (int64_t)g * a.v_head_stride;
     unsigned char *region = adc_smem + (size_t)warp * a.region;
     const uint32_t region_s = cu_smem_addr(region);
-    const bool vec = a.vec != 0;
-    int kn[NC], vn[NC]; /* valid elements of this lane's chunk c in K / V rows (<= 0: none, >= CE: all) */
+    /* this lane's chunk c of a K / V row is whole (the launch takes only aligned rows and head dims that are whole
+     * chunks) or past the row */
+    bool kin[NC], vin[NC];
 #pragma unroll
     for (int c = 0; c < NC; c++) {
-        kn[c] = a.D - (c * 32 + lane) * CE;
-        vn[c] = a.DV - (c * 32 + lane) * CE;
+        kin[c] = (c * 32 + lane) * CE < a.D;
+        vin[c] = (c * 32 + lane) * CE < a.DV;
     }
-    /* K/V rows aligned and every chunk of this lane whole or empty: a key's copies are plain cp.async (the slow
-     * path, adc_copy_key_slow, is out of line) */
-    bool fast = vec;
-#pragma unroll
-    for (int c = 0; c < NC; c++)
-        fast = fast && (kn[c] >= CE || kn[c] <= 0) && (vn[c] >= CE || vn[c] <= 0);
     const int r_own = lane >> (5 - LG);       /* the head whose score this lane holds */
     const bool owner = (lane & (RL - 1)) == 0; /* one lane per head publishes it */
     const bool head_ok = r_own < nrv;
@@ -441,18 +382,13 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                         const char *kp = a.kbase + boff + (int64_t)off * a.token_stride + kdim;
                         const char *vp = a.vbase + boff + (int64_t)off * a.v_token_stride + vdim;
                         const int ko = slot * 2 * ROW, vo = ko + ROW;
-                        if (fast) {
 #pragma unroll
-                            for (int c = 0; c < NC; c++) {
-                                const int po = (c * 32 + lane) * CB; /* the chunk's byte offset in the row */
-                                if (kn[c] > 0)
-                                    cu_dec_cp<CB>(region_s + ko + po, kp + po);
-                                if (vn[c] > 0)
-                                    cu_dec_cp<CB>(region_s + vo + po, vp + po);
-                            }
-                        } else {
-                            adc_copy_key_slow<DT, CE, NC, ROW>(region_s + ko, region + ko, kp, vp, a.D, a.DV, vec,
-                                                               lane);
+                        for (int c = 0; c < NC; c++) {
+                            const int po = (c * 32 + lane) * CB; /* the chunk's byte offset in the row */
+                            if (kin[c])
+                                cu_dec_cp<CB>(region_s + ko + po, kp + po);
+                            if (vin[c])
+                                cu_dec_cp<CB>(region_s + vo + po, vp + po);
                         }
                     }
                 }
@@ -523,7 +459,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                         dot[kb][r] = 0.0f;
 #pragma unroll
                 for (int c = 0; c < NC; c++) {
-                    if (kn[c] > 0) {
+                    if (kin[c]) {
 #pragma unroll
                         for (int kb = 0; kb < KB; kb++) {
                             float kf[CE];
@@ -600,7 +536,7 @@ __global__ void __launch_bounds__(ADC_WARPS_OF(DT, E, NRW) * 32) attn_decode_clu
                     p[0] = pk[kb];
 #pragma unroll
                 for (int c = 0; c < NC; c++) {
-                    if (vn[c] > 0) {
+                    if (vin[c]) {
                         float vf[CE];
                         adc_widen<DT, CE>(slot0 + kb * 2 * ROW + ROW + (c * 32 + lane) * CB, vf);
 #pragma unroll
@@ -1020,6 +956,12 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
      * carries costs at every launch: bench/RESULTS.md session 17). */
     if (p->softcap > 0.0f)
         return BERTH_OK;
+    /* So do unaligned rows and head dims that are not whole 16-byte chunks (8 bf16 / f16, 4 f32 elements; 8 for
+     * all: a chunk is never cut): every row a model lays out is aligned and every head dim a multiple of 8, and the
+     * element-wise copies for the rest were a fifth of this kernel's code. */
+    if (!cu_kv_aligned16(kv) || D % 8 != 0 || DV % 8 != 0 ||
+        (((uintptr_t)cu_ptr(&p->q) | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) != 0)
+        return BERTH_OK;
 
     /* Small calls only. Measured on the H200 (bench_cuda_attention, bench/RESULTS.md session 4): one launch wins
      * while a call's work is small — batch 1: 5.3 / 8.6 us against 16.1 / 11.7 at 64 / 640 keys (head dim 256),
@@ -1084,8 +1026,6 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.n_rep = (int32_t)n_rep;
     a.n_kv_heads = kv->n_kv_heads;
     a.T = (int32_t)T;
-    a.vec = cu_kv_aligned16(kv);
-    a.q_vec = (((uintptr_t)a.q | (uint64_t)p->q.nb[1] | (uint64_t)p->q.nb[2]) & 15u) == 0;
     a.late = be->att_late_trigger;
     /* causal self-attention only: there a forward appends exactly the batch's own rows; cross-attention (MASK_NONE)
      * may append the whole encoder sequence in the same forward */
