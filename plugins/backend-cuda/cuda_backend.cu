@@ -359,10 +359,15 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
                                           {"old", CU_ATT_DECODE_OLD}};
     be->att_decode = env_choice(host, "BERTH_CUDA_ATT_DECODE", ENV_NAMES(att_decode), CU_ATT_DECODE_AUTO,
                                 "'auto', 'mma', 'new', 'c8' or 'old'");
-    /* Late by default: the next kernel (o_proj's GEMV) then starts its early weight loads after attention has
-     * its K/V, not while it waits for them (E2B decode on the H200: +1.7% at batch 1, +1.2% at 8; session 5). */
-    static const env_name trigger[] = {{"late", 1}, {"early", 0}};
-    be->att_late_trigger = env_choice(host, "BERTH_CUDA_ATT_TRIGGER", ENV_NAMES(trigger), 1, "'early' or 'late'");
+    /* Late in the one-launch cluster kernel (batch 1-4): the next kernel (o_proj's GEMV) then starts its early
+     * weight loads after attention has its K/V, not while it waits for them (E2B decode on the H200: +1.7% at
+     * batch 1; session 5; early there is still -1.6% in session 18). Early in the tensor-core kernel (8+
+     * sequences): the o projection's blocks then get resident and load their weights during attention's tail
+     * (+1.8% at 8 sequences, +0.7% at 32; session 18). */
+    static const env_name trigger[] = {{"late", CU_ATT_TRIGGER_LATE}, {"early", CU_ATT_TRIGGER_EARLY},
+                                       {"auto", CU_ATT_TRIGGER_AUTO}};
+    be->att_late_trigger = env_choice(host, "BERTH_CUDA_ATT_TRIGGER", ENV_NAMES(trigger), CU_ATT_TRIGGER_AUTO,
+                                      "'early', 'late' or 'auto'");
     be->att_mma_bps = env_int(host, "BERTH_CUDA_ATT_MMA_BPS", 0, 8, 1, 0, "0..8");
     /* On by default: E2B decode on the H200 +4.3% at batch 1, +2% at 8 and 32 (session 5). Its assumption about
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */

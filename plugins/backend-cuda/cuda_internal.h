@@ -131,8 +131,8 @@ struct berth_backend {
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
     int att_mma_bps;            /* tensor-core decode attention: blocks per SM its split count fills (0: as many as
                                  * fit; env BERTH_CUDA_ATT_MMA_BPS=0..8, read at init; tuning runs) */
-    int att_late_trigger;       /* decode attention lets the next kernel launch only after its key loop (env
-                                 * BERTH_CUDA_ATT_TRIGGER=late|early, read at init; default late) */
+    int att_late_trigger;       /* where the decode attention kernels let the next kernel launch: CU_ATT_TRIGGER_*
+                                 * (env BERTH_CUDA_ATT_TRIGGER=late|early|auto, read at init; default auto) */
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
@@ -252,6 +252,11 @@ static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
 #define CU_ATT_DECODE_OLD 2      /* attention.cu's split-K kernel + combine kernel (BERTH_CUDA_ATT_DECODE=old) */
 #define CU_ATT_DECODE_MMA 3      /* attention_decode_mma.cu wherever it serves, else as CLUSTER (=mma) */
 #define CU_ATT_DECODE_AUTO 4     /* small calls CLUSTER, the rest attention_decode_mma.cu where it serves (=auto) */
+
+/* BERTH_CUDA_ATT_TRIGGER: where the decode attention kernels trigger the next kernel's launch (PDL) */
+#define CU_ATT_TRIGGER_EARLY 0 /* at their start, as every other kernel (=early) */
+#define CU_ATT_TRIGGER_LATE 1  /* after their key loop (=late) */
+#define CU_ATT_TRIGGER_AUTO 2  /* late in the one-launch cluster kernel, early in the tensor-core kernel (=auto) */
 
 #define CU_GEMV_EARLY_ALL 1048576 /* BERTH_CUDA_GEMV_EARLY_MIB's default: every weights buffer loads early */
 #define CU_GEMV_NEW 0   /* gemv.cu, loads into registers */

@@ -22,7 +22,7 @@
  *     Since a kernel's successor can launch only once every block of the kernel has started (or exited), at most
  *     one grid is ever waiting for SM resources and the early launches cannot starve an earlier grid.
  * Two deliberate exceptions, both in the decode attention kernels (attention_decode.cu, attention_decode_mma.cu):
- * they trigger after their key loop, not first (BERTH_CUDA_ATT_TRIGGER), and in causal calls they read the step's
+ * the cluster kernel triggers after its key loop, not first (BERTH_CUDA_ATT_TRIGGER), and in causal calls both read the step's
  * metadata and the K/V of keys older than the batch's own rows before their wait (BERTH_CUDA_ATT_PREWAIT), on the
  * assumption about the host written in attention_decode.cu ("Reads before the PDL wait"). Every thread still
  * waits before its first global write and before it exits.
