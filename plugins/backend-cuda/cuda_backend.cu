@@ -408,8 +408,14 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->skinny_small_splits = env_int(host, "BERTH_CUDA_SKINNY_SMALL_SPLITS", 1, 16, 1, 16, "1..16");
     /* 64 rows of w per block where that tile exists: on the H200 it beat the bandwidth model's own choice end to
      * end (E2B decode, 8 / 16 sequences: 2531 / 4259 tok/s against 2343 / 4146; bench/RESULTS.md session 4). */
-    static const env_name bn[] = {{"64", 64}, {"128", 128}, {"256", 256}, {"auto", 0}};
-    be->skinny_bn = env_choice(host, "BERTH_CUDA_SKINNY_BN", ENV_NAMES(bn), 64, "64, 128, 256 or auto");
+    static const env_name bn[] = {{"32", 32}, {"64", 64}, {"128", 128}, {"256", 256}, {"auto", 0}};
+    be->skinny_bn = env_choice(host, "BERTH_CUDA_SKINNY_BN", ENV_NAMES(bn), 64, "32, 64, 128, 256 or auto");
+    /* Products that need no K split (gate|up, the LM head: many column blocks) in blocks of 32 rows of w where that
+     * tile exists (x already rounded: above 16 rows): twice as many blocks, which get resident beside their
+     * neighbours under PDL — E2B decode at 32 sequences +1.35% (7 of 7 rounds), 16 and 64 even (bench/RESULTS.md
+     * session 18; a wider, single-wave tiling was 5.5% slower there). */
+    be->skinny_bn_unsplit = env_choice(host, "BERTH_CUDA_SKINNY_BN_UNSPLIT", ENV_NAMES(bn), 32,
+                                       "32, 64, 128, 256 or auto");
     /* Off by default: on the H200 the fused tail measured slower than the second launch (E2B batch 1: 420 against
      * 444 tok/s, bench/RESULTS.md session 4). BERTH_CUDA_GEMV_NORM=1..8 turns it on up to that M. */
     be->gemv_norm = env_int(host, "BERTH_CUDA_GEMV_NORM", 0, 8, 1, 0, "0 (off) or the largest M in 1..8");

@@ -180,9 +180,11 @@ struct berth_backend {
     int skinny_small_splits;    /* matmul_skinny.cu: the small products' (PLE gate / projection) K split over a cluster
                                  * at most this many ways, 1..16 (env BERTH_CUDA_SKINNY_SMALL_SPLITS, read at init;
                                  * default 16 = the planner's limit; a tuning switch) */
-    int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 64 / 128 / 256 (default
-                                 * 64), 0: its own choice per shape (env BERTH_CUDA_SKINNY_BN=64|128|256|auto, read at
-                                 * init; for tuning runs) */
+    int skinny_bn;              /* matmul_skinny.cu's tile width (rows of w per block) when 32 / 64 / 128 / 256
+                                 * (default 64), 0: its own choice per shape (env BERTH_CUDA_SKINNY_BN=32|64|128|256|auto,
+                                 * read at init; for tuning runs) */
+    int skinny_bn_unsplit;      /* the tile width of products whose plan has no K split, where it exists (default 32;
+                                 * 0: as skinny_bn; env BERTH_CUDA_SKINNY_BN_UNSPLIT, read at init) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing

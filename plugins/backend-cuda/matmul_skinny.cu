@@ -13,7 +13,7 @@
  *    tile), so M = 2..8 costs one n8 tile and no padded mma rows; accumulators are fp32. Each warp owns 32 rows of
  *    w (two m16 tiles) and all NT = ceil(M / 8) (bucketed 1, 2, 4, 6, 8) n8 tiles: every x fragment read from
  *    shared memory feeds two mmas, every w fragment NT.
- *  - A block owns BN rows of w (64, 128 or 256; the host picks per shape) and a range of K. Its w rows stream in
+ *  - A block owns BN rows of w (32, 64, 128 or 256; the host picks per shape) and a range of K. Its w rows stream in
  *    16-byte cp.async chunks (L2 only) through an S-stage ring of 64-column k tiles (rows XOR-swizzled in 16-byte
  *    units, so ldmatrix reads them without bank conflicts); the f32 x tile of the same columns (and the norm
  *    weight's) rides in the same stage. S is as deep as the shared-memory budget allows: two blocks per SM for
@@ -46,7 +46,8 @@
  * Switches (read at backend init, cuda_backend.cu; docs/config.md): BERTH_CUDA_SKINNY 0 off, 2..64 the smallest M
  * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
- * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 64 / 128 / 256 fixes the tile width;
+ * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 32 / 64 / 128 / 256 fixes the tile width,
+ * BERTH_CUDA_SKINNY_BN_UNSPLIT (default 32) that of products without a K split (see sk_choose);
  * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
  * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape);
  * BERTH_CUDA_SKINNY_PLAIN (0 off, else the bound; default CU_SKINNY_PLAIN_M) does the same for products without any
@@ -593,13 +594,16 @@ static sk_kinfo sk_info_of()
 }
 
 /* Instances: bf16 / f16 weights x NT 1, 2, 4, 6, 8 x BN 64, 128, and 256 for NT >= 4 (where x's traffic from L2
- * and its shared-memory reads start to matter). */
+ * and its shared-memory reads start to matter); the XH ones: NT 4, 8 x BN 32, 64, 128 (32: one warp along w rows,
+ * four along k — for the unsplit products' finer grid). */
 template <int WDT, int NT>
 static bool sk_info_nt(int bn, bool xh, sk_kinfo *k)
 {
-    if (xh) { /* x already rounded (sk_args.xh): NT 4 and 8, BN 64 and 128 */
+    if (xh) { /* x already rounded (sk_args.xh): NT 4 and 8, BN 32, 64 and 128 */
         if constexpr (NT == 4 || NT == 8) {
-            if (bn == 64)
+            if (bn == 32)
+                *k = sk_info_of<WDT, NT, 32, true>();
+            else if (bn == 64)
                 *k = sk_info_of<WDT, NT, 64, true>();
             else if (bn == 128)
                 *k = sk_info_of<WDT, NT, 128, true>();
@@ -715,13 +719,21 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
 }
 
 /* The cheapest plan over the tile widths (a wider one wins unless a narrower one is 3% cheaper: less x traffic);
- * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists. */
+ * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists (else 64 where that exists); a plan without a
+ * K split then takes be->skinny_bn_unsplit's width instead where that exists (BERTH_CUDA_SKINNY_BN_UNSPLIT). */
 static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64_t Nout, int64_t K, bool halves,
                       int max_cluster, int groups, bool xh, sk_plan *best)
 {
     static const int widths[] = {256, 128, 64};
-    if (be->skinny_bn && sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, xh, best))
+    if (be->skinny_bn && (sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, xh, best) ||
+                          sk_plan_bn(be, wdt, nt, 64, M, Nout, K, halves, max_cluster, groups, xh, best))) {
+        sk_plan un;
+        if (best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
+            sk_plan_bn(be, wdt, nt, be->skinny_bn_unsplit, M, Nout, K, halves, max_cluster, groups, xh, &un) &&
+            un.splits == 1)
+            *best = un;
         return true;
+    }
     bool have = false;
     for (int i = 0; i < 3; i++) {
         sk_plan pl;
