@@ -1026,7 +1026,7 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.n_rep = (int32_t)n_rep;
     a.n_kv_heads = kv->n_kv_heads;
     a.T = (int32_t)T;
-    a.late = be->att_late_trigger != CU_ATT_TRIGGER_EARLY;
+    a.late = be->att_trigger != CU_ATT_TRIGGER_EARLY;
     /* causal self-attention only: there a forward appends exactly the batch's own rows; cross-attention (MASK_NONE)
      * may append the whole encoder sequence in the same forward */
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL;

@@ -918,7 +918,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         a.ldysh = ld;
     }
     a.m_chunks = (int32_t)m_chunks;
-    a.late = be->att_late_trigger == CU_ATT_TRIGGER_LATE;
+    a.late = be->att_trigger == CU_ATT_TRIGGER_LATE;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
     if (be->att_prof && !be->capturing) /* the stream's stamp buffer, zero (here or after the last report) */
         a.prof = cu_att_prof_buffer(be, s, blocks, ADM_STAMPS);

@@ -366,8 +366,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
      * (+1.8% at 8 sequences, +0.7% at 32; session 18). */
     static const env_name trigger[] = {{"late", CU_ATT_TRIGGER_LATE}, {"early", CU_ATT_TRIGGER_EARLY},
                                        {"auto", CU_ATT_TRIGGER_AUTO}};
-    be->att_late_trigger = env_choice(host, "BERTH_CUDA_ATT_TRIGGER", ENV_NAMES(trigger), CU_ATT_TRIGGER_AUTO,
-                                      "'early', 'late' or 'auto'");
+    be->att_trigger = env_choice(host, "BERTH_CUDA_ATT_TRIGGER", ENV_NAMES(trigger), CU_ATT_TRIGGER_AUTO,
+                                 "'early', 'late' or 'auto'");
     be->att_mma_bps = env_int(host, "BERTH_CUDA_ATT_MMA_BPS", 0, 8, 1, 0, "0..8");
     /* On by default: E2B decode on the H200 +4.3% at batch 1, +2% at 8 and 32 (session 5). Its assumption about
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */

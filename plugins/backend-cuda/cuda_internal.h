@@ -131,7 +131,7 @@ struct berth_backend {
     int att_decode;             /* decode attention path: CU_ATT_DECODE_* (env BERTH_CUDA_ATT_DECODE, read at init) */
     int att_mma_bps;            /* tensor-core decode attention: blocks per SM its split count fills (0: as many as
                                  * fit; env BERTH_CUDA_ATT_MMA_BPS=0..8, read at init; tuning runs) */
-    int att_late_trigger;       /* where the decode attention kernels let the next kernel launch: CU_ATT_TRIGGER_*
+    int att_trigger;            /* where the decode attention kernels let the next kernel launch: CU_ATT_TRIGGER_*
                                  * (env BERTH_CUDA_ATT_TRIGGER=late|early|auto, read at init; default auto) */
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default

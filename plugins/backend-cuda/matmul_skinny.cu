@@ -719,31 +719,31 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
 }
 
 /* The cheapest plan over the tile widths (a wider one wins unless a narrower one is 3% cheaper: less x traffic);
- * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists (else 64 where that exists); a plan without a
- * K split then takes be->skinny_bn_unsplit's width instead where that exists (BERTH_CUDA_SKINNY_BN_UNSPLIT). */
+ * be->skinny_bn (BERTH_CUDA_SKINNY_BN) forces one where it exists (else 64 where that exists, else the model
+ * chooses); a plan without a K split then takes be->skinny_bn_unsplit's width instead where that exists
+ * (BERTH_CUDA_SKINNY_BN_UNSPLIT), whichever way it was chosen. */
 static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64_t Nout, int64_t K, bool halves,
                       int max_cluster, int groups, bool xh, sk_plan *best)
 {
     static const int widths[] = {256, 128, 64};
-    if (be->skinny_bn && (sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, xh, best) ||
-                          sk_plan_bn(be, wdt, nt, 64, M, Nout, K, halves, max_cluster, groups, xh, best))) {
-        sk_plan un;
-        if (best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
-            sk_plan_bn(be, wdt, nt, be->skinny_bn_unsplit, M, Nout, K, halves, max_cluster, groups, xh, &un) &&
-            un.splits == 1)
-            *best = un;
-        return true;
-    }
-    bool have = false;
-    for (int i = 0; i < 3; i++) {
-        sk_plan pl;
-        if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, groups, xh, &pl))
-            continue;
-        if (!have || pl.cost < 0.97 * best->cost) {
-            *best = pl;
-            have = true;
+    bool have = be->skinny_bn &&
+                (sk_plan_bn(be, wdt, nt, be->skinny_bn, M, Nout, K, halves, max_cluster, groups, xh, best) ||
+                 sk_plan_bn(be, wdt, nt, 64, M, Nout, K, halves, max_cluster, groups, xh, best));
+    if (!have) /* auto, or no forced tile for this shape: the model's choice */
+        for (int i = 0; i < 3; i++) {
+            sk_plan pl;
+            if (!sk_plan_bn(be, wdt, nt, widths[i], M, Nout, K, halves, max_cluster, groups, xh, &pl))
+                continue;
+            if (!have || pl.cost < 0.97 * best->cost) {
+                *best = pl;
+                have = true;
+            }
         }
-    }
+    sk_plan un;
+    if (have && best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
+        sk_plan_bn(be, wdt, nt, be->skinny_bn_unsplit, M, Nout, K, halves, max_cluster, groups, xh, &un) &&
+        un.splits == 1)
+        *best = un;
     return have;
 }
 
