@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--no-xh", dest="xh", action="store_false")
     ap.add_argument("--widths", default="256,128,64,32", help="tile widths to plan")
     a = ap.parse_args()
-    xh = a.xh if a.xh is not None else a.m > 16  # the default range: XH above skinny_max_m = 16 rows
+    xh = a.xh if a.xh is not None else a.m > 8  # the default range: XH above skinny_max_m = 8 rows
     nt = (4 if a.m <= 32 else 8) if xh else (1 if a.m <= 8 else 2 if a.m <= 16 else 4 if a.m <= 32 else 6 if a.m <= 48 else 8)
     print(f"M = {a.m}, {'XH' if xh else 'f32 x'}, NT = {nt}")
     for name, (n, k, halves) in E2B.items():

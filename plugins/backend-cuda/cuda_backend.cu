@@ -411,7 +411,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     static const env_name bn[] = {{"32", 32}, {"64", 64}, {"128", 128}, {"256", 256}, {"auto", 0}};
     be->skinny_bn = env_choice(host, "BERTH_CUDA_SKINNY_BN", ENV_NAMES(bn), 64, "32, 64, 128, 256 or auto");
     /* Products that need no K split (gate|up, the LM head: many column blocks) in blocks of 32 rows of w where that
-     * tile exists (x already rounded: above 16 rows): twice as many blocks, which get resident beside their
+     * tile exists (x already rounded: above CU_SKINNY_MAX_M rows): twice as many blocks, which get resident beside their
      * neighbours under PDL — E2B decode at 32 sequences +1.35% (7 of 7 rounds), 16 and 64 even (bench/RESULTS.md
      * session 18; a wider, single-wave tiling was 5.5% slower there). */
     be->skinny_bn_unsplit = env_choice(host, "BERTH_CUDA_SKINNY_BN_UNSPLIT", ENV_NAMES(bn), 32,

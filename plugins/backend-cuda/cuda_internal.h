@@ -236,9 +236,12 @@ static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
 #define CU_SKIP_SMALL 32u /* matmuls with K or N <= 512 (Gemma 4's per-layer-input products) */
 
 #define CU_SKINNY_MIN_M 5 /* below: the GEMV, whose fp32 FMAs per weight are cheap enough up to M = 4 */
-/* above: cuBLAS, measured faster on the H200 from M = 32 (E2B decode products: 2274 against 2579 us per step at 32,
- * 2394 against 3924 at 64; the skinny kernel wins at 8 and 16: 1679 / 1907 against 2376 / 2213) */
-#define CU_SKINNY_MAX_M 16
+/* The most rows matmul_skinny.cu takes with x in f32 (converted per tile in the kernel). Above it the products
+ * with a norm (x_pre) or none run on its XH instances up to CU_SKINNY_XPRE_M / CU_SKINNY_PLAIN_M rows, x rounded
+ * once by the norm or a pack — E2B decode on the H200 with 8 here instead of 16: +8.9% / +8.6% / +9.2% at 10 / 12 /
+ * 16 sequences, 8 even (bench/RESULTS.md session 19: the f32-x instances' k loop is 2-4x the XH one's) — and
+ * the rest on cuBLAS (measured faster than the f32-x kernel from M = 32, session 4). */
+#define CU_SKINNY_MAX_M 8
 #define CU_SKINNY_XPRE_M 32 /* products with an x_pre on matmul_skinny.cu up to this many rows (session 9) */
 #define CU_SKINNY_PLAIN_M 32 /* plain products on its XH instances after a pack up to this many rows (session 11) */
 /* ... except products with K or N at most this, which stay on it up to M = 64, in row groups (the PLE gate and
