@@ -185,6 +185,11 @@ struct berth_backend {
                                  * read at init; for tuning runs) */
     int skinny_bn_unsplit;      /* the tile width of products whose plan has no K split, where it exists (default 32;
                                  * 0: as skinny_bn; env BERTH_CUDA_SKINNY_BN_UNSPLIT, read at init) */
+    int skinny_unsplit_waves;   /* skinny_bn_unsplit only for plans of at most this many waves; 0: always (env
+                                 * BERTH_CUDA_SKINNY_UNSPLIT_WAVES=0..64, read at init; default 0) */
+    int skinny_small_xh;        /* matmul_skinny.cu: the small products above skinny_max_m rows on the XH instances
+                                 * (x rounded once) instead of f32 x, and a small gated product writes the x shadow of
+                                 * its successor (env BERTH_CUDA_SKINNY_SMALL_XH=0|1, read at init; default 0) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing

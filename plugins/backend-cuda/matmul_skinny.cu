@@ -740,7 +740,11 @@ static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64
             }
         }
     sk_plan un;
-    if (have && best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
+    /* be->skinny_unsplit_waves (BERTH_CUDA_SKINNY_UNSPLIT_WAVES): only where the chosen plan fills at most that many
+     * waves — many waves have no tail worth a finer grid, and narrower blocks read x from L2 once more each */
+    const int64_t slots = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (have ? best->k.per_sm : 1);
+    const bool few_waves = be->skinny_unsplit_waves <= 0 || (have && best->blocks <= be->skinny_unsplit_waves * slots);
+    if (have && few_waves && best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
         sk_plan_bn(be, wdt, nt, be->skinny_bn_unsplit, M, Nout, K, halves, max_cluster, groups, xh, &un) &&
         un.splits == 1)
         *best = un;
@@ -815,11 +819,14 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     /* a product with its norm (x_pre) above skinny_max_m rows, up to be->skinny_xpre (BERTH_CUDA_SKINNY_XPRE): the
      * norm writes x rounded to the weight dtype (cu_rms_norm_packed) and the XH instance streams it as is */
     const int64_t ldxh = (K + 7) / 8 * 8;
-    const bool xpre = pre && !small && M > be->skinny_max_m && M <= be->skinny_xpre &&
+    /* be->skinny_small_xh (BERTH_CUDA_SKINNY_SMALL_XH): the small products take the XH instances too, in their row
+     * groups, x rounded by the norm, a pack or the previous product's shadow */
+    const bool small_f32 = small && !be->skinny_small_xh;
+    const bool xpre = pre && !small_f32 && M > be->skinny_max_m && M <= be->skinny_xpre &&
                       opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE && cu_rms_norm_packable(be, pre, ldxh, wdt);
     /* a plain product (no norm of any kind) above skinny_max_m rows, up to be->skinny_plain (BERTH_CUDA_SKINNY_PLAIN):
      * x rounded to the weight dtype by matmul.cu's pack (the cuBLAS path's own), then the XH instance */
-    const bool plain = !pre && !small && !xpre && M > be->skinny_max_m && M <= be->skinny_plain &&
+    const bool plain = !pre && !small_f32 && !xpre && M > be->skinny_max_m && M <= be->skinny_plain &&
                        opck_matmul_norm_mode(p) == BERTH_NORM_W_NONE;
     const bool xh = xpre || plain;
     if (be->skinny_min_m <= 0 || be->compute != CU_COMPUTE_BF16 || M < be->skinny_min_m ||
@@ -923,7 +930,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
      * product takes the XH instances (the plain path; the claim checks its row range. Not a small product, so its
      * K = Nout is above CU_SKINNY_SMALL_KN: a small gated product such as the PLE gate feeds a small one, which
      * reads f32) */
-    if (glu != BERTH_GLU_NONE && !small && Nout > CU_SKINNY_SMALL_KN &&
+    if (glu != BERTH_GLU_NONE && (be->skinny_small_xh || (!small && Nout > CU_SKINNY_SMALL_KN)) &&
         a.xh != s->xsh_buf) { /* not while this kernel reads the buffer as its x */
         int64_t ld = 0;
         a.ysh = cu_xshadow_claim(be, s, &p->y, M, Nout, wdt, &ld);
