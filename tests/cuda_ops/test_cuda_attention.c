@@ -1229,12 +1229,12 @@ END_TEST
 
 /* ---- decode attention, then a product over its output (the o-projection) ------------------------------------
  *
- * In BF16 mode at 17..32 sequences the tensor-core decode kernel's split merge also writes its output rounded for
- * the product that reads it next, which then skips its own pack of x (cuda_internal.h, struct cu_xshadow). The
- * product must see what the attention op wrote, and after an op in between (between = 1: out *= 2 in place;
- * 2: a product over other rows) the current rows, never a stale copy (that would be off by all of y). The 24
- * sequences of dec_cases[3]; the GPU's attention output differs from the CPU's within its bound, the product
- * over K = H * DV = 2048 with weights in [-0.2, 0.2] carries that difference, |y| is about 0.5. */
+ * In BF16 mode at 9..32 sequences (the default range) the tensor-core decode kernel's split merge also writes its
+ * output rounded for the product that reads it next, which then skips its own pack of x (cuda_internal.h, struct
+ * cu_xshadow). The product must see what the attention op wrote, and after an op in between (between = 1: out *= 2 in
+ * place; 2: a product over other rows) the current rows, never a stale copy (that would be off by all of y). The 24
+ * sequences of dec_cases[3]; the GPU's attention output differs from the CPU's within its bound, the product over
+ * K = H * DV = 2048 with weights in [-0.2, 0.2] carries that difference, |y| is about 0.5. */
 static void att_product_run(int between)
 {
     const struct dec_case *dc = &dec_cases[3];

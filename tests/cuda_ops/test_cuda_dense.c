@@ -1695,7 +1695,7 @@ END_TEST
 
 /* A gated product's output straight into the next product (an MLP's gate|up -> down), at the row counts where the
  * CUDA backend's skinny kernel writes a rounded copy of y for the next op to use instead of packing x again
- * (BF16 mode, 17..32 rows: cuda_internal.h, struct cu_xshadow). between = 1 puts an in-place y *= 2 between the
+ * (BF16 mode, 9..32 rows by default: cuda_internal.h, struct cu_xshadow). between = 1 puts an in-place y *= 2 between the
  * two products and between = 2 a product over other rows: the second product must then read the current y, not a
  * stale copy (a stale one is off by the whole of z, far past the bound). between = 3 puts a second gated product
  * over y between them (y -> y2, then y2 -> z): it reads the copy of y and must not write its own copy of y2 over
