@@ -46,8 +46,9 @@ def opcode(insn):
     return words[0] if words else ""
 
 
-def mma_loops(code):
-    """Backward branches whose body holds an MMA: (start address, end address, body)."""
+def mma_loops(code, outer=False):
+    """Backward branches whose body holds an MMA: (start address, end address, body) — only the innermost ones
+    (no other such loop inside) unless outer."""
     loops = []
     for i, (addr, insn) in enumerate(code):
         m = BRANCH.search(insn)
@@ -59,6 +60,9 @@ def mma_loops(code):
         body = [x for a, x in code[: i + 1] if a >= target]
         if any(opcode(x).startswith("HMMA") for x in body):
             loops.append((target, addr, body))
+    if not outer:
+        loops = [l for l in loops
+                 if not any(o is not l and l[0] <= o[0] and o[1] <= l[1] for o in loops)]
     return loops
 
 
@@ -67,6 +71,7 @@ def main():
     ap.add_argument("plugin", nargs="?", help="the CUDA plugin (.so) to disassemble with cuobjdump")
     ap.add_argument("--sass", help="a saved `cuobjdump -sass` output instead")
     ap.add_argument("--match", default="sk_kernel", help="substring of the mangled kernel names (default sk_kernel)")
+    ap.add_argument("--outer", action="store_true", help="also the loops that contain other MMA loops")
     a = ap.parse_args()
     if a.sass:
         text = open(a.sass).read()
@@ -85,7 +90,7 @@ def main():
         code = funcs[name]
         size = code[-1][0] + 16
         print(f"{name}  {size / 1024:.1f} KB")
-        for start, end, body in mma_loops(code):
+        for start, end, body in mma_loops(code, a.outer):
             ops = [opcode(x) for x in body]
             count = lambda p: sum(1 for o in ops if o.startswith(p))
             flags = " ".join(f"{f} {count(f)}" for f in FLAGS if count(f))
