@@ -11,8 +11,9 @@ registers, BSSY / BSYNC convergence barriers).
 
 Why (bench/RESULTS.md session 19): an edit far from matmul_skinny.cu's k loop — new epilogue code behind an
 off-by-default switch — made ptxas rematerialise the loop's load addresses (SR_TID.X and SR_CgaCtaId re-read per
-chunk, a branch around every cp.async): the loop went from 119 to 254 instructions per tile and the c=32 decode
-step lost 7% with the new code never executed. Run this on a build before timing any change to these kernels.
+chunk, a branch around every cp.async): the loop went from 121 to 258 instructions per tile (as this script counts
+them) and the c=32 decode step lost 7% with the new code never executed. Run this on a build before timing any
+change to these kernels.
 """
 import argparse
 import re

@@ -243,7 +243,7 @@ static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
 #define CU_SKINNY_MIN_M 5 /* below: the GEMV, whose fp32 FMAs per weight are cheap enough up to M = 4 */
 /* The most rows matmul_skinny.cu takes with x in f32 (converted per tile in the kernel). Above it the products
  * with a norm (x_pre) or none run on its XH instances up to CU_SKINNY_XPRE_M / CU_SKINNY_PLAIN_M rows, x rounded
- * once by the norm or a pack — E2B decode on the H200 with 8 here instead of 16: +8.9% / +8.6% / +9.2% at 10 / 12 /
+ * once by the norm or a pack — E2B decode on the H200 with 8 here instead of 16: +8.8% / +8.7% / +9.2% at 10 / 12 /
  * 16 sequences, 8 even (bench/RESULTS.md session 19: the f32-x instances' k loop is 2-4x the XH one's) — and
  * the rest on cuBLAS (measured faster than the f32-x kernel from M = 32, session 4). */
 #define CU_SKINNY_MAX_M 8

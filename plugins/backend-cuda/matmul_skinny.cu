@@ -664,7 +664,7 @@ static int sk_nt(int64_t M)
 struct sk_plan {
     sk_kinfo k;
     int bn, splits, per;
-    int64_t blocks;
+    int64_t blocks, waves; /* waves: of the blocks the SMs hold at once (per_sm each) */
     double cost;
 };
 
@@ -711,6 +711,7 @@ static bool sk_plan_bn(const berth_backend *be, int wdt, int nt, int bn, int64_t
     const double refill = SK_LAT_US * wbytes / inflight;
     c = c > refill ? c : refill;
     const int64_t waves = (pl->blocks + slots - 1) / slots;
+    pl->waves = waves;
     c += (double)(waves - 1) * SK_LAT_US / pl->k.per_sm; /* a new wave's ramp; half hidden by a second block */
     if (splits > 1)
         c += SK_SPLIT_US + SK_PER_SPLIT_US * (double)splits;
@@ -742,9 +743,8 @@ static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64
     sk_plan un;
     /* be->skinny_unsplit_waves (BERTH_CUDA_SKINNY_UNSPLIT_WAVES): only where the chosen plan fills at most that many
      * waves — many waves have no tail worth a finer grid, and narrower blocks read x from L2 once more each */
-    const int64_t slots = (int64_t)(be->n_sms > 0 ? be->n_sms : 132) * (have ? best->k.per_sm : 1);
-    const bool few_waves = be->skinny_unsplit_waves <= 0 || (have && best->blocks <= be->skinny_unsplit_waves * slots);
-    if (have && few_waves && best->splits == 1 && be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
+    if (have && best->splits == 1 && (be->skinny_unsplit_waves <= 0 || best->waves <= be->skinny_unsplit_waves) &&
+        be->skinny_bn_unsplit && be->skinny_bn_unsplit != best->bn &&
         sk_plan_bn(be, wdt, nt, be->skinny_bn_unsplit, M, Nout, K, halves, max_cluster, groups, xh, &un) &&
         un.splits == 1)
         *best = un;
@@ -926,10 +926,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         if (st != BERTH_OK)
             return st;
     }
-    /* a gated product's output is the input of the MLP's down projection next: round it once here, where that
-     * product takes the XH instances (the plain path; the claim checks its row range. Not a small product, so its
-     * K = Nout is above CU_SKINNY_SMALL_KN: a small gated product such as the PLE gate feeds a small one, which
-     * reads f32) */
+    /* a gated product's output is the input of the product next (the MLP's down projection; the PLE projection
+     * after the PLE gate): round it once here, where that product takes the XH instances (the plain path; the
+     * claim checks its row range). A small gated product's successor is small too, and reads f32 unless
+     * be->skinny_small_xh sends the small products to the XH instances. */
     if (glu != BERTH_GLU_NONE && (be->skinny_small_xh || (!small && Nout > CU_SKINNY_SMALL_KN)) &&
         a.xh != s->xsh_buf) { /* not while this kernel reads the buffer as its x */
         int64_t ld = 0;
