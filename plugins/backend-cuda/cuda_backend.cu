@@ -390,7 +390,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         be->skinny_min_m = CU_SKINNY_MIN_M;
     be->skinny_max_m = env_int(host, "BERTH_CUDA_SKINNY_MAX", 2, 64, 1, CU_SKINNY_MAX_M, "the largest M in 2..64");
     be->skinny_small = env_flag(host, "BERTH_CUDA_SKINNY_SMALL", 1);
-    be->skinny_small_xh = env_flag(host, "BERTH_CUDA_SKINNY_SMALL_XH", 0);
+    /* The small products (the PLE pair) on the XH instances too: E2B decode on the H200 +0.8% at 32 sequences (5 of 5
+     * rounds), +0.5% at 16 (bench/RESULTS.md session 19). */
+    be->skinny_small_xh = env_flag(host, "BERTH_CUDA_SKINNY_SMALL_XH", 1);
     be->skinny_unsplit_waves = env_int(host, "BERTH_CUDA_SKINNY_UNSPLIT_WAVES", 0, 64, 1, 0, "0 (always) or 1..64");
     be->xshadow = env_flag(host, "BERTH_CUDA_XSHADOW", 1);
     /* Small copies as kernels (copy.cu) need pinned memory mapped at the same address: unified addressing. */

@@ -189,7 +189,7 @@ struct berth_backend {
                                  * BERTH_CUDA_SKINNY_UNSPLIT_WAVES=0..64, read at init; default 0) */
     int skinny_small_xh;        /* matmul_skinny.cu: the small products above skinny_max_m rows on the XH instances
                                  * (x rounded once) instead of f32 x, and a small gated product writes the x shadow of
-                                 * its successor (env BERTH_CUDA_SKINNY_SMALL_XH=0|1, read at init; default 0) */
+                                 * its successor (env BERTH_CUDA_SKINNY_SMALL_XH=0|1, read at init; default 1) */
     int gemv_norm;              /* a matmul's trailing norm (y_norm) runs inside the GEMV kernel up to this M, 0 = never
                                  * (env BERTH_CUDA_GEMV_NORM: 0..8, read at init; default 0; for A/B runs) */
     int copy_kernel;            /* small buffer_copy calls run as a kernel (copy.cu): the device has unified addressing
