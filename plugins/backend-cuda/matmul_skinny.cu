@@ -250,6 +250,93 @@ static __device__ __noinline__ float sk_act(int act, float x)
     return cu_act(act, x);
 }
 
+/* Ranks of a cluster whose partials one output's sum has in flight at once: 16 loads (32 with the up half). */
+#define SK_EPI_LOADS 16
+
+/* The outputs of an XH instance's block (m, n0 + r): its slice of the cluster's Mb * NO, each the partial tiles of
+ * every block of the cluster (rank order) and every k phase summed in that order, then bias, the gated epilogue,
+ * accumulate (XH instances carry no norm prologue). The remote partials of up to SK_EPI_LOADS / KP ranks are
+ * loaded before any is added — the same sums in the same order as the rolled loop the other instances keep, which
+ * waits on each rank in turn. E2B decode on the H200 (bench/RESULTS.md session 20, same-call A/Bs): this loop in
+ * the XH instances only, +2.7% at 16 sequences and +3.6% at 32, 8 even; in every instance, +2.2% at 32 but -2.6% at
+ * 8 (the f32-x instances, <= 8 rows, keep the rolled loop); as a __noinline__ call, -2.9% / -5.2% at 32 / 8, and
+ * the rolled loop unchanged behind such a call -5.3% / -6.5% — keep it inlined. */
+template <int BN, int KP, int MP, int PITCH, int THREADS>
+static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const float *part, int splits, int rank,
+                                                     int Mb, int mz, int n0)
+{
+    constexpr int QC = SK_EPI_LOADS / KP > 1 ? SK_EPI_LOADS / KP : 1; /* ranks per chunk of loads */
+    const bool halves = a.glu == BERTH_GLU_HALVES;
+    const int lno = halves ? __ffs(BN / 2) - 1 : __ffs(BN) - 1; /* outputs per block: 1 << lno (a power of 2) */
+    const int NO = 1 << lno;
+    const int total = Mb * NO;
+    const int share = (total + splits - 1) / splits;
+    const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
+    const float *const *const U = a.u + mz;
+    float *const *const Y = a.y + mz;
+    for (int idx = i0 + (int)threadIdx.x; idx < i1; idx += THREADS) {
+        const int m = idx >> lno, r = idx & (NO - 1), n = n0 + r;
+        if (n >= a.N)
+            continue;
+        const int off = m * PITCH + r;
+        float z = 0.0f, zu = 0.0f;
+        if (splits > 1) {
+            cg::cluster_group cl = cg::this_cluster();
+#pragma unroll 1
+            for (int q0 = 0; q0 < splits; q0 += QC) {
+                float pz[QC][KP], pu[QC][KP];
+#pragma unroll
+                for (int j = 0; j < QC; j++) {
+                    if (q0 + j < splits) {
+                        const float *pq = cl.map_shared_rank(part, (unsigned)(q0 + j));
+#pragma unroll
+                        for (int p = 0; p < KP; p++) {
+                            pz[j][p] = pq[p * MP * PITCH + off];
+                            pu[j][p] = halves ? pq[p * MP * PITCH + off + BN / 2] : 0.0f;
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < QC; j++) {
+                    if (q0 + j < splits) {
+                        float s = 0.0f, su = 0.0f;
+#pragma unroll
+                        for (int p = 0; p < KP; p++) {
+                            s += pz[j][p];
+                            su += pu[j][p];
+                        }
+                        z += s;
+                        zu += su;
+                    }
+                }
+            }
+        } else {
+#pragma unroll
+            for (int p = 0; p < KP; p++) {
+                z += part[p * MP * PITCH + off];
+                if (halves)
+                    zu += part[p * MP * PITCH + off + BN / 2];
+            }
+        }
+        if (a.bias) {
+            z += cu_ld(a.bias, a.bias_dt, n);
+            if (halves)
+                zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
+        }
+        float v = z;
+        if (halves)
+            v = sk_act(a.act, z) * zu;
+        else if (a.glu == BERTH_GLU_MUL)
+            v = sk_act(a.act, z) * U[m][n];
+        float *yr = Y[m];
+        if (a.accumulate)
+            v += yr[n];
+        yr[n] = v;
+        if (a.ysh)
+            cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel.
 
@@ -272,8 +359,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
      * later ones mostly from L2) */
     const int mz = (int)blockIdx.z * a.mg, Mb = a.M - mz < a.mg ? a.M - mz : a.mg;
     const float *const *const X = a.x + mz;
-    float *const *const Y = a.y + mz;
-    const float *const *const U = a.u + mz;
+    [[maybe_unused]] float *const *const Y = a.y + mz;       /* the rolled epilogue's (not XH) */
+    [[maybe_unused]] const float *const *const U = a.u + mz;
     const int kt0 = rank * a.kt_per_split;
     const int nt = (a.nkt - kt0 < a.kt_per_split ? a.nkt - kt0 : a.kt_per_split); /* >= 1: no empty split */
     const bool halves = a.glu == BERTH_GLU_HALVES;
@@ -501,68 +588,72 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         __syncthreads();
     SK_STAMP(6);
 
-    /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
-     * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
-    const int total = Mb * NO;
-    const int share = (total + splits - 1) / splits;
-    const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
-    for (int idx = i0 + t; idx < i1; idx += THREADS) {
-        const int m = idx / NO, r = idx - m * NO, n = n0 + r;
-        if (n >= a.N)
-            continue;
-        const int off = m * C::PITCH + r;
-        float z = 0.0f, zu = 0.0f, sq = 0.0f;
-        if (splits > 1) {
-            /* A rolled loop (the same sums in the same order): unrolled over SK_MAX_CLUSTER ranks, with every
-             * rank's loads in flight at once, it was most of the kernel's code (27 KB -> 21 KB at the XH instance)
-             * and the decode step at 32 sequences 1.6% slower (bench/RESULTS.md session 17) */
-            cg::cluster_group cl = cg::this_cluster();
+    if constexpr (XH) {
+        sk_outputs_xh<BN, C::KP, MP, C::PITCH, THREADS>(a, part, splits, rank, Mb, mz, n0);
+    } else {
+        /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
+         * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
+        const int total = Mb * NO;
+        const int share = (total + splits - 1) / splits;
+        const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
+        for (int idx = i0 + t; idx < i1; idx += THREADS) {
+            const int m = idx / NO, r = idx - m * NO, n = n0 + r;
+            if (n >= a.N)
+                continue;
+            const int off = m * C::PITCH + r;
+            float z = 0.0f, zu = 0.0f, sq = 0.0f;
+            if (splits > 1) {
+                /* A rolled loop (the same sums in the same order): unrolled over SK_MAX_CLUSTER ranks, with every
+                 * rank's loads in flight at once, it was most of the kernel's code (27 KB -> 21 KB at the XH instance)
+                 * and the decode step at 32 sequences 1.6% slower (bench/RESULTS.md session 17) */
+                cg::cluster_group cl = cg::this_cluster();
 #pragma unroll 1
-            for (int q = 0; q < splits; q++) {
-                const float *pq = cl.map_shared_rank(part, (unsigned)q);
-                float pz = 0.0f, pu = 0.0f;
+                for (int q = 0; q < splits; q++) {
+                    const float *pq = cl.map_shared_rank(part, (unsigned)q);
+                    float pz = 0.0f, pu = 0.0f;
+#pragma unroll
+                    for (int p = 0; p < C::KP; p++) {
+                        pz += pq[p * MP * C::PITCH + off];
+                        if (halves)
+                            pu += pq[p * MP * C::PITCH + off + BN / 2];
+                    }
+                    z += pz;
+                    zu += pu;
+                    if (norm)
+                        sq += cl.map_shared_rank(ssp, (unsigned)q)[m];
+                }
+            } else {
 #pragma unroll
                 for (int p = 0; p < C::KP; p++) {
-                    pz += pq[p * MP * C::PITCH + off];
+                    z += part[p * MP * C::PITCH + off];
                     if (halves)
-                        pu += pq[p * MP * C::PITCH + off + BN / 2];
+                        zu += part[p * MP * C::PITCH + off + BN / 2];
                 }
-                z += pz;
-                zu += pu;
                 if (norm)
-                    sq += cl.map_shared_rank(ssp, (unsigned)q)[m];
+                    sq = ssp[m];
             }
-        } else {
-#pragma unroll
-            for (int p = 0; p < C::KP; p++) {
-                z += part[p * MP * C::PITCH + off];
+            if (norm) {
+                const float rstd = 1.0f / sqrtf(sq / (float)a.K + a.eps); /* rms_norm's rstd, as the CPU backend's */
+                z *= rstd;
+                zu *= rstd;
+            }
+            if (a.bias) {
+                z += cu_ld(a.bias, a.bias_dt, n);
                 if (halves)
-                    zu += part[p * MP * C::PITCH + off + BN / 2];
+                    zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
             }
-            if (norm)
-                sq = ssp[m];
-        }
-        if (norm) {
-            const float rstd = 1.0f / sqrtf(sq / (float)a.K + a.eps); /* rms_norm's rstd, as the CPU backend's */
-            z *= rstd;
-            zu *= rstd;
-        }
-        if (a.bias) {
-            z += cu_ld(a.bias, a.bias_dt, n);
+            float v = z;
             if (halves)
-                zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
+                v = sk_act(a.act, z) * zu;
+            else if (a.glu == BERTH_GLU_MUL)
+                v = sk_act(a.act, z) * U[m][n];
+            float *yr = Y[m];
+            if (a.accumulate)
+                v += yr[n];
+            yr[n] = v;
+            if (a.ysh)
+                cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
         }
-        float v = z;
-        if (halves)
-            v = sk_act(a.act, z) * zu;
-        else if (a.glu == BERTH_GLU_MUL)
-            v = sk_act(a.act, z) * U[m][n];
-        float *yr = Y[m];
-        if (a.accumulate)
-            v += yr[n];
-        yr[n] = v;
-        if (a.ysh)
-            cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
     }
     SK_STAMP(7);
     if (splits > 1)
