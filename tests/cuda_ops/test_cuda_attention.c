@@ -1271,7 +1271,10 @@ static void att_product_run(int between)
     if (between == 2)
         hx_run_both(BERTH_OP_MATMUL, &other[HX_CPU], &other[HX_GPU], what);
     hx_run_both(BERTH_OP_MATMUL, &mp[HX_CPU], &mp[HX_GPU], what);
-    hx_expect_close(&Y, 0.05, 0.02, what);
+    /* between = 1 doubles the attention output, and with it the difference the product carries (HX_SEED=1091471334:
+     * 0.0605 against the single bound 0.05 + 0.02 |y|, the same with or without the product kernel's session-20
+     * epilogue); a stale copy of x would still be off by half of y, ~0.25 */
+    hx_expect_close(&Y, between == 1 ? 0.1 : 0.05, 0.02, what);
     if (between == 2)
         hx_expect_close(&Y3, 0.05, 0.02, what);
     hx_free(&W);
