@@ -258,8 +258,8 @@ static __device__ __noinline__ float sk_act(int act, float x)
  * accumulate (XH instances carry no norm prologue). The remote partials of up to SK_EPI_LOADS / KP ranks are
  * loaded before any is added — the same sums in the same order as the rolled loop the other instances keep, which
  * waits on each rank in turn. E2B decode on the H200 (bench/RESULTS.md session 20, same-call A/Bs): this loop in
- * the XH instances only, +2.7% at 16 sequences and +3.6% at 32, 8 even; in every instance, +2.2% at 32 but -2.6% at
- * 8 (the f32-x instances, <= 8 rows, keep the rolled loop); as a __noinline__ call, -2.9% / -5.2% at 32 / 8, and
+ * the XH instances only, +2.7% at 16 sequences and +3.9% at 32, 8 even; in every instance, +2.4% at 32 but -2.5% at
+ * 8 (the f32-x instances, <= 8 rows, keep the rolled loop); as a __noinline__ call, -2.9% / -5.0% at 32 / 8, and
  * the rolled loop unchanged behind such a call -5.3% / -6.5% — keep it inlined. */
 template <int BN, int KP, int MP, int PITCH, int THREADS>
 static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const float *part, int splits, int rank,
