@@ -8,7 +8,8 @@
 # A SETTING is a space-separated list of NAME=VALUE assignments for that run ('' or 'default': none), e.g.
 #   bench/ab_env.sh -r 2 -c 1,8,32 default BERTH_CUDA_GEMV_EARLY_MIB=16 'BERTH_CUDA_PDL=0 BERTH_CUDA_XPRE=1'
 # PLUGINS=DIR is not an environment variable: that run loads its plugins from DIR (another build's CUDA plugin
-# beside the Gemma 4 plugin) instead of BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`.
+# beside the Gemma 4 plugin; a DIR/*.so.xz is unpacked first, tools/gpu_ab_plugin.sh makes such folders) instead of
+# BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`.
 # Prints one line per run: "round R | SETTING | C tok/s C tok/s ..." (decode tok/s per concurrency level). With -k
 # each run also records a kernel trace (bench/ktrace.c, through CUPTI) to $OUT/ktrace-rR-N.csv (N: the setting's
 # position), summarised beside it by bench/ktrace_summary.py.
@@ -74,6 +75,12 @@ for setting in "$@"; do
     done
     if [ -n "$plugins" ]; then
         [ -d "$plugins" ] || { echo "ab_env.sh: $plugins: not a folder" >&2; exit 1; }
+        # a plugin carried packed (tools/gpu_ab_plugin.sh): unpack it beside its .xz, every time (the carried folder
+        # replaces the machine's copy at each call, so an unpacked .so from an earlier call may be another build's)
+        for x in "$plugins"/*.so.xz; do
+            [ -e "$x" ] || continue
+            xz -dkf "$x" || { echo "ab_env.sh: cannot unpack $x" >&2; exit 1; }
+        done
         cfg=$(config_for "$i" "$plugins") || exit 1
     elif [ -n "${BERTH_CONFIG:-}" ]; then
         cfg=$(abs "$BERTH_CONFIG")
