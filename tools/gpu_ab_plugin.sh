@@ -46,7 +46,7 @@ rm -rf "$out"
 mkdir -p "$out"
 cp "$build/plugins/berth-backend-cuda.so" "$build/plugins/berth-model-gemma4.so" "$out/"
 xz -T2 -6 -f "$out/berth-backend-cuda.so"
-echo "$(git rev-parse --short "$commit")" >"$out/COMMIT"
+git rev-parse --short "$commit" >"$out/COMMIT"
 trap - EXIT
 restore
 BUILD_DIR=$build tools/gpu_prepare.sh >/dev/null
