@@ -250,6 +250,30 @@ static __device__ __noinline__ float sk_act(int act, float x)
     return cu_act(act, x);
 }
 
+/* Output (m, n) of the block's row group from its summed product z (HALVES: and the up row's zu), after any 1/rms:
+ * bias, the gated epilogue, accumulate, the store, and the rounded copy for the next product (a.ysh). Both
+ * epilogues end here; inlined, so each instance's code is as if written in place. */
+static __device__ __forceinline__ void sk_store_output(const sk_args &a, float *const *Y, const float *const *U,
+                                                       int mz, int m, int n, float z, float zu, bool halves)
+{
+    if (a.bias) {
+        z += cu_ld(a.bias, a.bias_dt, n);
+        if (halves)
+            zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
+    }
+    float v = z;
+    if (halves)
+        v = sk_act(a.act, z) * zu;
+    else if (a.glu == BERTH_GLU_MUL)
+        v = sk_act(a.act, z) * U[m][n];
+    float *yr = Y[m];
+    if (a.accumulate)
+        v += yr[n];
+    yr[n] = v;
+    if (a.ysh)
+        cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
+}
+
 /* Ranks of a cluster whose partials one output's sum has in flight at once: 16 loads (32 with the up half). */
 #define SK_EPI_LOADS 16
 
@@ -318,22 +342,7 @@ static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const flo
                     zu += part[p * MP * PITCH + off + BN / 2];
             }
         }
-        if (a.bias) {
-            z += cu_ld(a.bias, a.bias_dt, n);
-            if (halves)
-                zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
-        }
-        float v = z;
-        if (halves)
-            v = sk_act(a.act, z) * zu;
-        else if (a.glu == BERTH_GLU_MUL)
-            v = sk_act(a.act, z) * U[m][n];
-        float *yr = Y[m];
-        if (a.accumulate)
-            v += yr[n];
-        yr[n] = v;
-        if (a.ysh)
-            cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
+        sk_store_output(a, Y, U, mz, m, n, z, zu, halves);
     }
 }
 
@@ -637,22 +646,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
                 z *= rstd;
                 zu *= rstd;
             }
-            if (a.bias) {
-                z += cu_ld(a.bias, a.bias_dt, n);
-                if (halves)
-                    zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
-            }
-            float v = z;
-            if (halves)
-                v = sk_act(a.act, z) * zu;
-            else if (a.glu == BERTH_GLU_MUL)
-                v = sk_act(a.act, z) * U[m][n];
-            float *yr = Y[m];
-            if (a.accumulate)
-                v += yr[n];
-            yr[n] = v;
-            if (a.ysh)
-                cu_st(a.ysh, a.ysh_dt, (int64_t)(mz + m) * a.ldysh + n, v);
+            sk_store_output(a, Y, U, mz, m, n, z, zu, halves);
         }
     }
     SK_STAMP(7);
