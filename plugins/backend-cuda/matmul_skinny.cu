@@ -252,7 +252,10 @@ static __device__ __noinline__ float sk_act(int act, float x)
 
 /* Output (m, n) of the block's row group from its summed product z (HALVES: and the up row's zu), after any 1/rms:
  * bias, the gated epilogue, accumulate, the store, and the rounded copy for the next product (a.ysh). Both
- * epilogues end here; inlined, so each instance's code is as if written in place. */
+ * epilogues end here; inlined, so each instance's code is as if written in place. GELU: Gemma's GELU-tanh inline,
+ * the other activations through the call (a __noinline__ call in this epilogue costs: bench/RESULTS.md sessions 20
+ * and 21, +1.4% at 32 sequences for this). Only the XH instances (9-64 rows) pass true; the others keep the call. */
+template <bool GELU = false>
 static __device__ __forceinline__ void sk_store_output(const sk_args &a, float *const *Y, const float *const *U,
                                                        int mz, int m, int n, float z, float zu, bool halves)
 {
@@ -262,10 +265,17 @@ static __device__ __forceinline__ void sk_store_output(const sk_args &a, float *
             zu += cu_ld(a.bias, a.bias_dt, (int64_t)a.N + n);
     }
     float v = z;
-    if (halves)
-        v = sk_act(a.act, z) * zu;
-    else if (a.glu == BERTH_GLU_MUL)
-        v = sk_act(a.act, z) * U[m][n];
+    if constexpr (GELU) {
+        if (halves || a.glu == BERTH_GLU_MUL) {
+            const float f = a.act == BERTH_ACT_GELU_TANH ? cu_gelu_tanh(z) : sk_act(a.act, z);
+            v = f * (halves ? zu : U[m][n]);
+        }
+    } else {
+        if (halves)
+            v = sk_act(a.act, z) * zu;
+        else if (a.glu == BERTH_GLU_MUL)
+            v = sk_act(a.act, z) * U[m][n];
+    }
     float *yr = Y[m];
     if (a.accumulate)
         v += yr[n];
@@ -342,7 +352,7 @@ static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const flo
                     zu += part[p * MP * PITCH + off + BN / 2];
             }
         }
-        sk_store_output(a, Y, U, mz, m, n, z, zu, halves);
+        sk_store_output<true>(a, Y, U, mz, m, n, z, zu, halves);
     }
 }
 
