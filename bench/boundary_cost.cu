@@ -20,11 +20,13 @@
  * next to the floor: the same bytes as one stream with no dependency at all.
  *
  *   build/bench/bench_boundary_cost [--reps N] [--blocks-per-sm B] [--ring-kb K] [--xread F] [--layers L]
- *                                   [--bytes-scale F] [--nodep 1] [--fence 0] [--pdl 0]
+ *                                   [--bytes-scale F] [--nodep 1] [--fence 0] [--pdl 0] [--fanin F]
  * --bytes-scale multiplies every stage's bytes (0: the dependency chain alone); --nodep 1 lets the persistent
  * kernels run without waiting for the previous stage (what the waits cost; their outputs then differ); --fence 0
  * drops the __threadfence() before each arrival (the release add alone orders the block's stores, after its
- * barrier); --pdl 0 launches the chain without programmatic dependent launch.
+ * barrier); --pdl 0 launches the chain without programmatic dependent launch; --fanin F makes each block of a
+ * stage depend on 1/F of the previous stage's blocks (its reads come from those only; the persistent kernels wait
+ * for those only, the chain still for the whole grid): what dependencies finer than all-to-all would save.
  *
  * Why a synthetic: docs/cuda-decode-step.md's persistent-kernel design rests on the estimate that the ~430
  * dependent grids cost ~2-2.5 us each beyond their bytes; this measures that directly, and the best a persistent
@@ -70,6 +72,7 @@ struct params {
     int bpg;             /* blocks in the grid */
     int nodep;           /* persistent: do not wait for the previous stage (what the barriers cost) */
     int fence;           /* persistent: __threadfence() before the release add (cooperative groups' grid sync has it) */
+    int fanin;           /* block j depends on the blocks b of the previous stage with b % fanin == j % fanin */
 };
 
 __device__ __forceinline__ void cp16(void *dst, const void *src)
@@ -128,8 +131,18 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
     float *xout = p.x + (int64_t)(s + 1) * XFLOATS;
     /* the previous output, spread over all of its producers (ld.cg: another SM wrote it) */
     float xs = 0.0f;
+    /* block b writes outputs [b * per_out, (b + 1) * per_out), the last block the rest too */
+    const int per_out = XFLOATS / p.bpg;
     for (int i = 0; i < p.xread; i++) {
-        const int idx = (int)(((int64_t)(blockIdx.x + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
+        int idx;
+        if (p.fanin == 1) {
+            idx = (int)(((int64_t)(blockIdx.x + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
+        } else { /* only from this block's group of producers */
+            const int nb = p.bpg / p.fanin, g = (int)blockIdx.x % p.fanin;
+            const int b = g + p.fanin * (int)((blockIdx.x / p.fanin + i * 7 + threadIdx.x) % nb);
+            const int cnt = b == p.bpg - 1 ? XFLOATS - b * per_out : per_out;
+            idx = b * per_out + (int)((threadIdx.x * 13 + i) % cnt);
+        }
         xs += __ldcg(xin + idx);
     }
     uint32_t acc = 0;
@@ -155,12 +168,9 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
     uint32_t tot = 0;
     for (int i = 0; i < THREADS / 32; i++)
         tot += wsum[i];
-    const int per_out = (XFLOATS + p.bpg - 1) / p.bpg;
-    for (int i = threadIdx.x; i < per_out; i += THREADS) {
-        const int o = blockIdx.x * per_out + i;
-        if (o < XFLOATS)
-            xout[o] = 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
-    }
+    const int mine = (int)blockIdx.x == p.bpg - 1 ? XFLOATS - (int)blockIdx.x * per_out : per_out;
+    for (int i = threadIdx.x; i < mine; i += THREADS)
+        xout[blockIdx.x * per_out + i] = 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
     __syncthreads(); /* the ring and wsum are free again */
 }
 
@@ -183,11 +193,11 @@ __global__ void __launch_bounds__(THREADS) persistent_kernel(const params p)
     for (int s = 0; s < p.n_stages; s++) {
         if (s > 0 && !p.nodep) {
             if (threadIdx.x == 0) {
-                const unsigned int *c = p.count + (s - 1);
+                const unsigned int *c = p.count + (s - 1) * p.fanin + blockIdx.x % p.fanin;
                 unsigned int v;
                 do {
                     asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(c) : "memory");
-                } while (v < (unsigned int)p.bpg);
+                } while (v < (unsigned int)(p.bpg / p.fanin));
             }
             __syncthreads();
         }
@@ -199,7 +209,7 @@ __global__ void __launch_bounds__(THREADS) persistent_kernel(const params p)
         if (threadIdx.x == 0) {
             if (p.fence)
                 __threadfence();
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.count + s) : "memory");
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p.count + s * p.fanin + blockIdx.x % p.fanin) : "memory");
         }
         if (s + 1 < p.n_stages)
             prologue(p, s + 1, smem);
@@ -252,7 +262,7 @@ static float median(std::vector<float> v)
 
 int main(int argc, char **argv)
 {
-    int reps = 20, bps = 2, ring_kb = 64, xread = 8, layers = 35, nodep = 0, fence = 1, pdl = 1;
+    int reps = 20, bps = 2, ring_kb = 64, xread = 8, layers = 35, nodep = 0, fence = 1, pdl = 1, fanin = 1;
     double scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -265,6 +275,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--nodep")) nodep = v;
         else if (!strcmp(a, "--fence")) fence = v;
         else if (!strcmp(a, "--pdl")) pdl = v;
+        else if (!strcmp(a, "--fanin")) fanin = v;
         else if (!strcmp(a, "--reps")) reps = v;
         else if (!strcmp(a, "--blocks-per-sm")) bps = v;
         else if (!strcmp(a, "--ring-kb")) ring_kb = v;
@@ -300,6 +311,10 @@ int main(int argc, char **argv)
         return 2;
     }
     const int G = prop.multiProcessorCount * bps;
+    if (fanin < 1 || G % fanin != 0 || G > XFLOATS) {
+        fprintf(stderr, "bench_boundary_cost: --fanin %d does not divide the grid of %d blocks\n", fanin, G);
+        return 2;
+    }
 
     const std::vector<int64_t> sb = e2b_stages(layers);
     const int S = (int)sb.size();
@@ -321,7 +336,7 @@ int main(int argc, char **argv)
     CK(cudaMalloc(&xb, sizeof(float) * XFLOATS * (S + 1)));
     CK(cudaMalloc(&xc, sizeof(float) * XFLOATS * (S + 1)));
     CK(cudaMalloc(&dst, sizeof(stage) * S));
-    CK(cudaMalloc(&count, sizeof(unsigned int) * S));
+    CK(cudaMalloc(&count, sizeof(unsigned int) * S * fanin));
     CK(cudaMemcpy(dst, st.data(), sizeof(stage) * S, cudaMemcpyHostToDevice));
     fill_kernel<<<4 * prop.multiProcessorCount, 256>>>(w, total);
     fill_x<<<64, 256>>>(xa);
@@ -331,7 +346,7 @@ int main(int argc, char **argv)
 
     cudaStream_t str;
     CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
-    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence};
+    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin};
 
     /* the chain: S launches with PDL */
     cudaGraphExec_t g_chain, g_pers, g_call, g_floor;
@@ -363,7 +378,7 @@ int main(int argc, char **argv)
         q.x = call ? xc : xb;
         q.nodep = nodep;
         CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeThreadLocal));
-        CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S, str));
+        CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S * fanin, str));
         if (call)
             persistent_kernel<true><<<G, THREADS, smem_bytes, str>>>(q);
         else
@@ -423,11 +438,11 @@ int main(int argc, char **argv)
     const bool same = memcmp(ha.data(), hb.data(), sizeof(float) * XFLOATS) == 0 &&
                       memcmp(ha.data(), hc.data(), sizeof(float) * XFLOATS) == 0;
 
-    printf("%s, %d SMs; %d stages (%d layers), %.3f GB (bytes x %.2f%s%s%s); grid %d blocks (%d per SM), ring %d KiB, %d x-reads per "
+    printf("%s, %d SMs; %d stages (%d layers), %.3f GB (bytes x %.2f%s%s%s, fan-in 1/%d); grid %d blocks (%d per SM), ring %d KiB, %d x-reads per "
            "thread, %d replays each (median)\n",
            prop.name, prop.multiProcessorCount, S, layers, total / 1e9, scale,
            nodep ? ", persistent kernels do not wait: outputs differ" : "", fence ? "" : ", no fence",
-           pdl ? "" : ", chain without PDL", G, bps, ring_kb, xread, reps);
+           pdl ? "" : ", chain without PDL", fanin, G, bps, ring_kb, xread, reps);
     const float floor_us = median(t[3]);
     for (int k = 0; k < 4; k++) {
         const float us = median(t[k]);
