@@ -896,6 +896,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     if (reserve_only)
         return BERTH_OK;
     cu_attn_args_fill(a, p);
+    if (s->kvlocal_bt && (int64_t)T * a.bt_stride <= CU_KVLOCAL_ENTRIES && a.n_blocks >= CU_KVLOCAL_BLOCKS)
+        a.block_table = s->kvlocal_bt; /* BERTH_CUDA_SKIP=kvlocal (an ablation: wrong outputs) */
     a.bs_shift = cu_block_shift(kv->block_size);
     a.D = D;
     a.DV = DV;

@@ -299,6 +299,8 @@ static void stream_free(struct berth_stream *s)
         (void)cudaFree(s->att_prof);
     if (s->xsh_buf)
         (void)cudaFree(s->xsh_buf);
+    if (s->kvlocal_bt)
+        (void)cudaFree(s->kvlocal_bt);
     while (s->retired) {
         struct cu_retired *r = s->retired;
         s->retired = r->next;
@@ -433,7 +435,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     if (const char *sk = getenv("BERTH_CUDA_SKIP")) { /* an ablation switch (docs/config.md): wrong results */
         static const struct { const char *name; unsigned bit; } names[] = {
             {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},
-            {"kv", CU_SKIP_KV},       {"attn", CU_SKIP_ATTN}, {"small", CU_SKIP_SMALL}};
+            {"kv", CU_SKIP_KV},       {"attn", CU_SKIP_ATTN}, {"small", CU_SKIP_SMALL},
+            {"kvlocal", CU_SKIP_KVLOCAL}};
         for (const char *at = sk; *at;) {
             const size_t len = strcspn(at, ",");
             size_t i = 0;
@@ -442,8 +445,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
             if (i < sizeof names / sizeof names[0])
                 be->skip |= names[i].bit;
             else if (len)
-                cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKIP: '%.*s' ignored: ynorm, rope, norm, kv, attn or "
-                         "small is expected", (int)len, at);
+                cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKIP: '%.*s' ignored: ynorm, rope, norm, kv, attn, "
+                         "small or kvlocal is expected", (int)len, at);
             at += len + (at[len] == ',');
         }
         if (be->skip)
@@ -640,6 +643,20 @@ static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
                       "cudaMemsetAsync");
     if (st == BERTH_OK && be->compute == CU_COMPUTE_BF16 && be->xshadow) /* cuda_internal.h: struct cu_xshadow */
         st = cu_check(be, cudaMalloc((void **)&s->xsh_buf, CU_XSH_BYTES), "cudaMalloc (stream x shadow)");
+    if (st == BERTH_OK && (be->skip & CU_SKIP_KVLOCAL)) {
+        int32_t *h = (int32_t *)malloc(CU_KVLOCAL_ENTRIES * sizeof *h);
+        if (!h)
+            st = cu_fail(be->host, BERTH_E_NOMEM, "cuda: out of host memory");
+        for (int i = 0; h && i < CU_KVLOCAL_ENTRIES; i++)
+            h[i] = i % CU_KVLOCAL_BLOCKS;
+        if (st == BERTH_OK)
+            st = cu_check(be, cudaMalloc((void **)&s->kvlocal_bt, CU_KVLOCAL_ENTRIES * sizeof *h),
+                          "cudaMalloc (kvlocal block table)");
+        if (st == BERTH_OK)
+            st = cu_check(be, cudaMemcpy(s->kvlocal_bt, h, CU_KVLOCAL_ENTRIES * sizeof *h, cudaMemcpyHostToDevice),
+                          "cudaMemcpy (kvlocal block table)");
+        free(h);
+    }
     if (st == BERTH_OK)
         st = cu_check(be, cudaStreamSynchronize(s->cs), "cudaStreamSynchronize");
     if (st != BERTH_OK) {

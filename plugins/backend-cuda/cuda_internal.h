@@ -100,6 +100,8 @@ struct berth_stream {
     int64_t att_prof_cap;
     uint64_t op_seq;            /* ops called on this stream (cuda_backend.cu's op table counts them) */
     uint16_t *xsh_buf;          /* device: CU_XSH_BYTES for xsh (BF16 compute mode; else NULL) */
+    int32_t *kvlocal_bt;        /* device: BERTH_CUDA_SKIP=kvlocal's stand-in block table (entry i: i mod
+                                 * CU_KVLOCAL_BLOCKS), CU_KVLOCAL_ENTRIES of them; NULL without the switch */
     struct cu_xshadow xsh;
     int pdl_barrier;            /* the next cu_launch on this stream goes without PDL: a full dependency after a copy
                                  * kernel (copy.cu) or a capture's end (cu_pdl_barrier_set / _take) */
@@ -239,6 +241,10 @@ static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
 #define CU_SKIP_KV 8u     /* kv_append (with its query side: Gemma 4's owner layers' q-norm + RoPE) */
 #define CU_SKIP_ATTN 16u  /* attention */
 #define CU_SKIP_SMALL 32u /* matmuls with K or N <= 512 (Gemma 4's per-layer-input products) */
+#define CU_SKIP_KVLOCAL 64u /* not a skip: the tensor-core decode attention reads every key from the pool's first
+                             * CU_KVLOCAL_BLOCKS blocks (L2-resident), i.e. what streaming K/V from DRAM costs */
+#define CU_KVLOCAL_BLOCKS 64
+#define CU_KVLOCAL_ENTRIES (1 << 20) /* block-table entries of the stand-in table (rows x stride at most) */
 
 #define CU_SKINNY_MIN_M 5 /* below: the GEMV, whose fp32 FMAs per weight are cheap enough up to M = 4 */
 /* The most rows matmul_skinny.cu takes with x in f32 (converted per tile in the kernel). Above it the products
