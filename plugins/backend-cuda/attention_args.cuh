@@ -22,6 +22,9 @@ unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64
  * for the next call. */
 berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned long long *prof, int blocks, int stamps,
                                 const char *what);
+/* BERTH_CUDA_ATT_PROF=graph, while a graph is captured: a region of the stream's arena for the stamps of this
+ * launch (`what` names it in the report); NULL when not capturing in that mode or the arena is full. */
+unsigned long long *cu_att_prof_graph(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what);
 
 /* Device side: thread 0 of the block records the global timer as stamp k of its `stamps` in prof (NULL: nothing). */
 static __device__ __forceinline__ void cu_att_stamp(unsigned long long *prof, int stamps, int k)

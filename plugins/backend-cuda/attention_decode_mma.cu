@@ -788,6 +788,79 @@ berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned lon
     return BERTH_OK;
 }
 
+unsigned long long *cu_att_prof_graph(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what)
+{
+    if (be->att_prof != CU_ATT_PROF_GRAPH || !be->capturing || !s->gprof || blocks * stamps > CU_GPROF_STAMPS - s->gprof_used)
+        return nullptr;
+    if (s->gprof_n == s->gprof_cap) {
+        const int cap = s->gprof_cap ? 2 * s->gprof_cap : 256;
+        cu_gprof_region *r = (cu_gprof_region *)realloc(s->gprof_reg, (size_t)cap * sizeof *r);
+        if (!r)
+            return nullptr;
+        s->gprof_reg = r;
+        s->gprof_cap = cap;
+    }
+    cu_gprof_region *r = &s->gprof_reg[s->gprof_n++];
+    r->off = s->gprof_used;
+    r->blocks = (int32_t)blocks;
+    r->stamps = stamps;
+    r->graph = s->gprof_graph;
+    snprintf(r->what, sizeof r->what, "%s", what);
+    s->gprof_used += blocks * stamps;
+    return s->gprof + r->off;
+}
+
+void cu_att_prof_graph_report(berth_backend *be, berth_stream *s)
+{
+    if (!s->gprof_n || !s->gprof)
+        return;
+    unsigned long long *t = (unsigned long long *)malloc((size_t)s->gprof_used * sizeof *t);
+    int64_t most = 0;
+    for (int i = 0; i < s->gprof_n; i++)
+        most = s->gprof_reg[i].blocks > most ? s->gprof_reg[i].blocks : most;
+    double *v = (double *)malloc((size_t)(most > 0 ? most : 1) * sizeof *v);
+    if (t && v && cudaStreamSynchronize(s->cs) == cudaSuccess &&
+        cudaMemcpy(t, s->gprof, (size_t)s->gprof_used * sizeof *t, cudaMemcpyDeviceToHost) == cudaSuccess) {
+        for (int i0 = 0; i0 < s->gprof_n;) { /* one graph's regions: i0 .. i1 - 1 (capture order) */
+            int i1 = i0;
+            unsigned long long t0 = ~0ull;
+            while (i1 < s->gprof_n && s->gprof_reg[i1].graph == s->gprof_reg[i0].graph) {
+                const cu_gprof_region *r = &s->gprof_reg[i1++];
+                for (int64_t k = 0; k < (int64_t)r->blocks * r->stamps; k++)
+                    if (t[r->off + k] && t[r->off + k] < t0)
+                        t0 = t[r->off + k];
+            }
+            for (int i = i0; i < i1 && t0 != ~0ull; i++) {
+                const cu_gprof_region *r = &s->gprof_reg[i];
+                char msg[700];
+                int n = snprintf(msg, sizeof msg, "graph %d #%d %s: stamp min/med/max us:", r->graph, i - i0, r->what);
+                for (int k = 0; k < r->stamps && n > 0 && n < (int)sizeof msg; k++) {
+                    int c = 0;
+                    for (int b = 0; b < r->blocks; b++) {
+                        const unsigned long long x = t[r->off + (int64_t)b * r->stamps + k];
+                        if (x >= t0) /* zero: never written (a block that skipped the stamp, or no replay) */
+                            v[c++] = (double)(x - t0) / 1000.0;
+                    }
+                    if (c == 0)
+                        continue;
+                    qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
+                    n += snprintf(msg + n, sizeof msg - (size_t)n, " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2],
+                                  v[c - 1], c);
+                }
+                if (be->host && be->host->log)
+                    be->host->log(be->host->ctx, BERTH_LOG_WARN, msg);
+            }
+            i0 = i1;
+        }
+    }
+    (void)cudaGetLastError();
+    free(t);
+    free(v);
+    free(s->gprof_reg);
+    s->gprof_reg = nullptr;
+    s->gprof_n = s->gprof_cap = 0;
+}
+
 /* The call, or with reserve_only just the workspace a capture of it would need (nothing enqueued). */
 static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran,
                             bool reserve_only)
@@ -922,8 +995,14 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.m_chunks = (int32_t)m_chunks;
     a.late = be->att_trigger == CU_ATT_TRIGGER_LATE;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
-    if (be->att_prof && !be->capturing) /* the stream's stamp buffer, zero (here or after the last report) */
+    char what[96] = "";
+    if (be->att_prof != CU_ATT_PROF_OFF)
+        snprintf(what, sizeof what, "attn_decode_mma d%d T=%d ns=%d blocks=%d", dp, a.T, a.ns, (int)blocks);
+    if (be->att_prof == CU_ATT_PROF_EAGER && !be->capturing) /* the stream's stamp buffer, zero (here or after the
+                                                              * last report) */
         a.prof = cu_att_prof_buffer(be, s, blocks, ADM_STAMPS);
+    else if (be->att_prof == CU_ATT_PROF_GRAPH)
+        a.prof = cu_att_prof_graph(be, s, blocks, ADM_STAMPS, what);
     berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                "attn_decode_mma_kernel");
     if (st == BERTH_OK && a.merge_kernel)
@@ -934,11 +1013,8 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         *ran = true;
     else if (a.ysh)
         s->xsh.seq = 0; /* claimed, never (completely) written */
-    if (st == BERTH_OK && a.prof) {
-        char what[96];
-        snprintf(what, sizeof what, "attn_decode_mma d%d T=%d ns=%d blocks=%d", dp, a.T, a.ns, (int)blocks);
+    if (st == BERTH_OK && a.prof && !be->capturing)
         return cu_att_prof_report(be, s, a.prof, (int)blocks, ADM_STAMPS, what);
-    }
     return st;
 }
 

@@ -297,6 +297,9 @@ static void stream_free(struct berth_stream *s)
         (void)cudaFree(s->att_count);
     if (s->att_prof)
         (void)cudaFree(s->att_prof);
+    if (s->gprof)
+        (void)cudaFree(s->gprof);
+    free(s->gprof_reg);
     if (s->xsh_buf)
         (void)cudaFree(s->xsh_buf);
     if (s->kvlocal_bt)
@@ -375,7 +378,8 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
      * the host is in attention_decode.cu ("Reads before the PDL wait"); =0 is the escape. */
     be->att_prewait = env_flag(host, "BERTH_CUDA_ATT_PREWAIT", 1);
     be->att_strict = env_flag(host, "BERTH_CUDA_ATT_STRICT", 0);
-    be->att_prof = env_flag(host, "BERTH_CUDA_ATT_PROF", 0);
+    static const env_name prof[] = {{"0", CU_ATT_PROF_OFF}, {"1", CU_ATT_PROF_EAGER}, {"graph", CU_ATT_PROF_GRAPH}};
+    be->att_prof = env_choice(host, "BERTH_CUDA_ATT_PROF", ENV_NAMES(prof), CU_ATT_PROF_OFF, "0, 1 or graph");
     be->norm_lean = env_flag(host, "BERTH_CUDA_NORM_LEAN", 1);
     be->kv_lean = env_flag(host, "BERTH_CUDA_KV_LEAN", 1);
     be->gemv_gelu = env_flag(host, "BERTH_CUDA_GEMV_GELU", 1);
@@ -497,6 +501,7 @@ static void cuda_destroy(berth_backend *be)
     while (be->streams) {
         struct berth_stream *s = be->streams;
         be->streams = s->next;
+        cu_att_prof_graph_report(be, s);
         stream_free(s);
     }
     while (be->buffers) {
@@ -643,6 +648,13 @@ static berth_status cuda_stream_create(berth_backend *be, berth_stream **out)
                       "cudaMemsetAsync");
     if (st == BERTH_OK && be->compute == CU_COMPUTE_BF16 && be->xshadow) /* cuda_internal.h: struct cu_xshadow */
         st = cu_check(be, cudaMalloc((void **)&s->xsh_buf, CU_XSH_BYTES), "cudaMalloc (stream x shadow)");
+    if (st == BERTH_OK && be->att_prof == CU_ATT_PROF_GRAPH) { /* zero: a stamp never written reads 0 */
+        st = cu_check(be, cudaMalloc((void **)&s->gprof, CU_GPROF_STAMPS * sizeof *s->gprof),
+                      "cudaMalloc (BERTH_CUDA_ATT_PROF=graph stamps)");
+        if (st == BERTH_OK)
+            st = cu_check(be, cudaMemsetAsync(s->gprof, 0, CU_GPROF_STAMPS * sizeof *s->gprof, s->cs),
+                          "cudaMemsetAsync");
+    }
     if (st == BERTH_OK && (be->skip & CU_SKIP_KVLOCAL)) {
         int32_t *h = (int32_t *)malloc(CU_KVLOCAL_ENTRIES * sizeof *h);
         if (!h)
@@ -684,6 +696,7 @@ static void cuda_stream_destroy(berth_backend *be, berth_stream *s)
         s->next->prev = s->prev;
     if (s->pdl_barrier)
         be->pdl_barriers--;
+    cu_att_prof_graph_report(be, s);
     stream_free(s);
     (void)cudaGetLastError();
 }
@@ -955,6 +968,7 @@ static berth_status cuda_graph_begin(berth_backend *be, berth_stream *s)
     if (st != BERTH_OK)
         return st;
     s->xsh.seq = 0; /* a captured op must not read a shadow an eager op wrote (nor the reverse, at graph_end) */
+    s->gprof_graph++;
     st = cu_check(be, cudaStreamBeginCapture(s->cs, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     if (st == BERTH_OK)
         be->capturing = 1;

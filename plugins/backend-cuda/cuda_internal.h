@@ -98,6 +98,12 @@ struct berth_stream {
                                    * att_prof_cap of them, zero before each profiled call; NULL until the switch needs
                                    * it */
     int64_t att_prof_cap;
+    unsigned long long *gprof;  /* device: BERTH_CUDA_ATT_PROF=graph's arena, CU_GPROF_STAMPS zeroed stamps made with the
+                                 * stream; regions of it go to stamped launches while a graph is captured */
+    int64_t gprof_used;
+    struct cu_gprof_region *gprof_reg; /* host: the regions handed out, in capture order */
+    int gprof_n, gprof_cap;
+    int gprof_graph;            /* captures begun on this stream: the regions' graph number */
     uint64_t op_seq;            /* ops called on this stream (cuda_backend.cu's op table counts them) */
     uint16_t *xsh_buf;          /* device: CU_XSH_BYTES for xsh (BF16 compute mode; else NULL) */
     int32_t *kvlocal_bt;        /* device: BERTH_CUDA_SKIP=kvlocal's stand-in block table (entry i: i mod
@@ -108,6 +114,18 @@ struct berth_stream {
 };
 
 #define CU_ATT_COUNTERS 4096
+#define CU_ATT_PROF_OFF 0
+#define CU_ATT_PROF_EAGER 1
+#define CU_ATT_PROF_GRAPH 2
+#define CU_GPROF_STAMPS (1 << 22) /* =graph: stamps of all captured calls of a stream (32 MiB) */
+
+/* BERTH_CUDA_ATT_PROF=graph: one stamped launch recorded into a graph — its stamps at off in the stream's arena,
+ * written again at every replay (the last replay's are logged). */
+struct cu_gprof_region {
+    int64_t off;
+    int32_t blocks, stamps, graph;
+    char what[120];
+};
 
 struct berth_backend {
     const berth_host *host;
@@ -145,9 +163,11 @@ struct berth_backend {
     int norm_lean;              /* rms_norm: Gemma's common case (bf16 weights, no or an ADD_AFTER residual, evenly
                                  * spaced rows longer than a warp's) on a kernel of its own with only that code (env
                                  * BERTH_CUDA_NORM_LEAN=0|1, default 1) */
-    int att_prof;               /* the decode attention kernels log their blocks' phase times per eager call (env
-                                 * BERTH_CUDA_ATT_PROF=1; a measurement switch; the cluster kernel only in a build
-                                 * with -Dattention_stamps=true) */
+    int att_prof;               /* CU_ATT_PROF_*: the decode attention kernels (and the skinny products in a build
+                                 * with -Dskinny_stamps=true; the cluster kernel only with -Dattention_stamps=true)
+                                 * log their blocks' phase times per eager call (env BERTH_CUDA_ATT_PROF=1) or, with
+                                 * =graph, record them in captured graphs, logged when the stream goes (a measurement
+                                 * switch) */
     int att_strict;             /* test switch: the cluster decode kernel fails a call in its range that it cannot serve
                                  * instead of leaving it to the split kernel (env BERTH_CUDA_ATT_STRICT=1, read at
                                  * init; default 0) */
@@ -290,6 +310,11 @@ berth_status cu_check_launch(berth_backend *be, const char *kernel);
 berth_status cu_cublas_check(berth_backend *be, cublasStatus_t s, const char *what);
 /* Every entry point that touches the device starts here: refuse a lost device, make ours current. */
 berth_status cu_enter(berth_backend *be);
+/* BERTH_CUDA_ATT_PROF=graph (attention_decode_mma.cu), when a stream goes: synchronise, then log at WARN, per launch
+ * recorded into its graphs (capture order), the minimum / upper median / maximum of each stamp over the blocks, in
+ * us from the earliest stamp of that launch's graph — the last replay's, so a timeline of one step's stamped
+ * kernels. Frees the list of regions; nothing without them. */
+void cu_att_prof_graph_report(berth_backend *be, berth_stream *s);
 
 /* ---- small copies as a kernel (copy.cu) ---- */
 #define CU_COPY_KERNEL_MAX (256u << 10) /* larger copies go to the copy engine */

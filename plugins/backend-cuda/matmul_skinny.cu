@@ -1033,8 +1033,13 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         a.ysh_dt = wdt;
     }
 #ifdef BERTH_SK_STAMPS
-    if (be->att_prof && !be->capturing)
+    char what[160];
+    snprintf(what, sizeof what, "skinny M=%d N=%d K=%d grid=%lldx%dx%d bn=%d xh=%d glu=%d", (int)M, (int)Nout, (int)K,
+             (long long)cb, pl.splits, groups, pl.bn, a.xh != NULL, glu);
+    if (be->att_prof == CU_ATT_PROF_EAGER && !be->capturing)
         a.prof = cu_att_prof_buffer(be, s, pl.blocks, SK_STAMPS);
+    else if (be->att_prof == CU_ATT_PROF_GRAPH)
+        a.prof = cu_att_prof_graph(be, s, pl.blocks, SK_STAMPS, what);
 #endif
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
@@ -1047,12 +1052,9 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     else if (a.ysh)
         s->xsh.seq = 0; /* claimed, never written */
 #ifdef BERTH_SK_STAMPS
-    if (st == BERTH_OK && a.prof) { /* after *ran: a failed report must not make the caller run the product again */
-        char what[160];
-        snprintf(what, sizeof what, "skinny M=%d N=%d K=%d grid=%lldx%dx%d bn=%d xh=%d glu=%d", (int)M, (int)Nout,
-                 (int)K, (long long)cb, pl.splits, groups, pl.bn, a.xh != NULL, glu);
+    if (st == BERTH_OK && a.prof && !be->capturing) /* after *ran: a failed report must not make the caller run the
+                                                      * product again */
         st = cu_att_prof_report(be, s, a.prof, (int)pl.blocks, SK_STAMPS, what);
-    }
 #endif
     return st;
 }
