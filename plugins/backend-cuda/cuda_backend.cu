@@ -400,6 +400,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
      * rounds), +0.5% at 16 (bench/RESULTS.md session 19). */
     be->skinny_small_xh = env_flag(host, "BERTH_CUDA_SKINNY_SMALL_XH", 1);
     be->skinny_unsplit_waves = env_int(host, "BERTH_CUDA_SKINNY_UNSPLIT_WAVES", 0, 64, 1, 0, "0 (always) or 1..64");
+    be->skinny_trim = env_flag(host, "BERTH_CUDA_SKINNY_TRIM", 0);
     be->xshadow = env_flag(host, "BERTH_CUDA_XSHADOW", 1);
     /* Small copies as kernels (copy.cu) need pinned memory mapped at the same address: unified addressing. */
     be->copy_kernel = env_flag(host, "BERTH_CUDA_COPY_KERNEL", 1) && prop.unifiedAddressing;

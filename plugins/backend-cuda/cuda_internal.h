@@ -209,6 +209,10 @@ struct berth_backend {
                                  * 0: as skinny_bn; env BERTH_CUDA_SKINNY_BN_UNSPLIT, read at init) */
     int skinny_unsplit_waves;   /* skinny_bn_unsplit only for plans of at most this many waves; 0: always (env
                                  * BERTH_CUDA_SKINNY_UNSPLIT_WAVES=0..64, read at init; default 0) */
+    int skinny_trim;            /* matmul_skinny.cu: an XH launch whose K split needs fewer ring stages than the instance
+                                 * has asks for only the shared memory it touches, so that neighbouring kernels' blocks
+                                 * fit beside it under PDL (env BERTH_CUDA_SKINNY_TRIM=0|1, read at init; default 0
+                                 * until measured) */
     int skinny_small_xh;        /* matmul_skinny.cu: the small products above skinny_max_m rows on the XH instances
                                  * (x rounded once) instead of f32 x, and a small gated product writes the x shadow of
                                  * its successor (env BERTH_CUDA_SKINNY_SMALL_XH=0|1, read at init; default 1) */

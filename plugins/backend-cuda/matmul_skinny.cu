@@ -673,6 +673,8 @@ struct sk_kinfo {
     void (*fn)(sk_args);
     size_t smem;
     int threads, stages, per_sm;
+    size_t stage, part; /* bytes of one ring stage, of the partial tile laid over the ring */
+    bool xh;
 };
 
 template <int WDT, int NT, int BN, bool XH = false>
@@ -685,6 +687,9 @@ static sk_kinfo sk_info_of()
     k.threads = C::THREADS;
     k.stages = C::S;
     k.per_sm = BN == 256 ? 1 : 2;
+    k.stage = C::STAGE;
+    k.part = C::PART;
+    k.xh = XH;
     return k;
 }
 
@@ -844,6 +849,20 @@ static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64
         un.splits == 1)
         *best = un;
     return have;
+}
+
+/* The dynamic shared memory a launch of the plan asks for. The instance's full ring by default; with
+ * be->skinny_trim (BERTH_CUDA_SKINNY_TRIM) an XH instance whose splits take fewer k tiles than its ring has stages
+ * asks only for what it touches: stages 0 .. per-1 (stage j % S holds tile j, j < per) and the partial tile over
+ * them; the XH instances keep nothing past the ring (no converted x, no sums of squares). The freed memory lets the
+ * next kernels' blocks become resident beside this one under PDL (E2B at 32 sequences: the decode attention's
+ * 108 KiB blocks beside the q product's, bench/RESULTS.md session 21). */
+static size_t sk_launch_smem(const berth_backend *be, const sk_plan &pl)
+{
+    if (!be->skinny_trim || !pl.k.xh || pl.per >= pl.k.stages)
+        return pl.k.smem;
+    const size_t ring = (size_t)pl.per * pl.k.stage;
+    return ring > pl.k.part ? ring : pl.k.part;
 }
 
 /* The attributes the plan's instance needs: its dynamic shared memory, all of the unified L1 as shared memory (so
@@ -1045,7 +1064,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
         e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits, (unsigned)groups),
                               dim3((unsigned)pl.k.threads),
-                              pl.k.smem, dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn, a);
+                              sk_launch_smem(be, pl), dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn,
+                              a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
         *ran = true;
