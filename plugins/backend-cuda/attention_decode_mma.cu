@@ -61,7 +61,9 @@ berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s,
 
 static_assert(ADM_THREADS == 16 * ADM_HEADS, "the softmax gives each head 16 threads");
 
-template <int DP>
+/* STG: ring stages (ADM_STAGES; 2 in the instances for calls whose splits take at most two tiles, where the third
+ * stage is never used: BERTH_CUDA_ATT_RING2) */
+template <int DP, int STG = ADM_STAGES>
 struct adm_cfg {
     static constexpr int BN = DP > 256 ? 16 : 32; /* keys per tile: ~32 KB of K and V per tile */
     static constexpr int ST = DP + 8;             /* shared row stride (halves): ldmatrix conflict-free */
@@ -70,12 +72,12 @@ struct adm_cfg {
     static constexpr size_t q_bytes = (size_t)ADM_HEADS * ST * 2;
     static constexpr size_t tile_bytes = (size_t)BN * ST * 2; /* one K or V tile */
     static constexpr size_t k_off = q_bytes;
-    static constexpr size_t v_off = k_off + ADM_STAGES * tile_bytes;
-    static constexpr size_t s_off = v_off + ADM_STAGES * tile_bytes; /* partial scores [4][BN][8] fp32 */
+    static constexpr size_t v_off = k_off + STG * tile_bytes;
+    static constexpr size_t s_off = v_off + STG * tile_bytes; /* partial scores [4][BN][8] fp32 */
     static constexpr size_t p_off = s_off + (size_t)4 * BN * ADM_HEADS * 4;
     static constexpr size_t bt_off = (p_off + (size_t)ADM_HEADS * PST * 2 + 15) & ~(size_t)15;
     static_assert(DW % 16 == 0 && BN % 16 == 0, "whole MMA tiles");
-    static_assert((size_t)ADM_MAX_SPLITS * ADM_HEADS * 4 <= tile_bytes * ADM_STAGES, "merge weights fit stage K");
+    static_assert((size_t)ADM_MAX_SPLITS * ADM_HEADS * 4 <= tile_bytes * STG, "merge weights fit stage K");
 };
 
 struct adm_args {
@@ -158,12 +160,12 @@ __device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
 
 /* The 16-byte pieces of keys [kt0, kt0 + BN) of K and V into stage st; zero-filled for keys past k1, keys whose
  * block is not in the pool and head dims past D / DV. Keys below k1 outside [jlo, jhi) are left alone. */
-template <int DP>
+template <int DP, int STG = ADM_STAGES>
 __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
                                           int32_t kt0, int32_t k1, int g, int st, int32_t jlo = INT32_MIN,
                                           int32_t jhi = INT32_MAX)
 {
-    using C = adm_cfg<DP>;
+    using C = adm_cfg<DP, STG>;
     constexpr int CPR = DP / 8; /* pieces per row */
     uint16_t *Kd = (uint16_t *)(sm + C::k_off + st * C::tile_bytes);
     uint16_t *Vd = (uint16_t *)(sm + C::v_off + st * C::tile_bytes);
@@ -235,10 +237,11 @@ __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq,
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
 
-template <int DP, bool F16, bool MK>
+template <int DP, bool F16, bool MK, int STG = ADM_STAGES>
 __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_args a)
 {
-    using C = adm_cfg<DP>;
+    using C = adm_cfg<DP, STG>;
+    static_assert(STG == 2 || STG == 3, "a ring of two or three stages");
     constexpr int BN = C::BN, ST = C::ST, DW = C::DW, PST = C::PST, H = ADM_HEADS;
     constexpr int MT = DW / 16; /* output m-tiles (16 dims) per warp */
     constexpr int KS = DW / 16; /* k-steps of S per warp */
@@ -304,7 +307,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
 #pragma unroll 1
         for (int s0 = 0; s0 < 2; s0++) { /* the first two tiles, one group each */
             if (ntiles > s0)
-                adm_issue<DP>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
+                adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
             cu_cp_commit();
         }
         if (!waited) {
@@ -314,7 +317,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
             if (ntiles > 0 && k1 > safe_hi && k0 + 2 * BN > safe_hi) { /* the same in the whole block */
 #pragma unroll 1
                 for (int s0 = 0; s0 < 2 && s0 < ntiles; s0++)
-                    adm_issue<DP>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
+                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
                 cu_cp_commit();
                 cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
             }
@@ -355,11 +358,22 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         float m_run = -INFINITY, l_run = 0.0f; /* head sh, replicated over its 16 threads */
 
         for (int it = 0; it < ntiles; it++) {
-            const int st = it % ADM_STAGES;
-            cu_cp_wait<1>();
-            __syncthreads(); /* (A) tile it is visible; every thread is done with tile it - 1 */
-            if (it + 2 < ntiles)
-                adm_issue<DP>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % ADM_STAGES);
+            const int st = it % STG;
+            if constexpr (STG == 3) {
+                cu_cp_wait<1>();
+                __syncthreads(); /* (A) tile it is visible; every thread is done with tile it - 1 */
+                if (it + 2 < ntiles)
+                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % STG);
+            } else { /* two stages: tile it + 1 (from tile 2 on; tiles 0 and 1 went before the loop) goes into
+                      * tile it - 1's stage once every thread is done with it, one tile ahead instead of two */
+                if (it == 0)
+                    cu_cp_wait<1>();
+                else
+                    cu_cp_wait<0>();
+                __syncthreads(); /* (A) */
+                if (it >= 1 && it + 1 < ntiles)
+                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + (it + 1) * BN, k1, g, (it + 1) % STG);
+            }
             cu_cp_commit();
             const uint16_t *Kt = (const uint16_t *)(sm + C::k_off + st * C::tile_bytes);
             const uint16_t *Vt = (const uint16_t *)(sm + C::v_off + st * C::tile_bytes);
@@ -667,10 +681,10 @@ struct adm_cache {
     int bps[ADM_CACHE_DEVICES]; /* resident blocks per SM at the largest table window, 0: not set up */
 };
 
-template <int DP, bool F16>
+template <int DP, bool F16, int STG = ADM_STAGES>
 static void (*adm_fn(bool mk))(const adm_args)
 {
-    return mk ? attn_decode_mma_kernel<DP, F16, true> : attn_decode_mma_kernel<DP, F16, false>;
+    return mk ? attn_decode_mma_kernel<DP, F16, true, STG> : attn_decode_mma_kernel<DP, F16, false, STG>;
 }
 
 static int adm_dp(int dmax)
@@ -678,14 +692,14 @@ static int adm_dp(int dmax)
     return dmax <= 64 ? 64 : dmax <= 128 ? 128 : dmax <= 256 ? 256 : 512;
 }
 
-static size_t adm_smem(int dp, int bt_n)
+static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES)
 {
     size_t off = 0;
     switch (dp) {
-    case 64: off = adm_cfg<64>::bt_off; break;
-    case 128: off = adm_cfg<128>::bt_off; break;
-    case 256: off = adm_cfg<256>::bt_off; break;
-    default: off = adm_cfg<512>::bt_off; break;
+    case 64: off = stg == 2 ? adm_cfg<64, 2>::bt_off : adm_cfg<64>::bt_off; break;
+    case 128: off = stg == 2 ? adm_cfg<128, 2>::bt_off : adm_cfg<128>::bt_off; break;
+    case 256: off = stg == 2 ? adm_cfg<256, 2>::bt_off : adm_cfg<256>::bt_off; break;
+    default: off = stg == 2 ? adm_cfg<512, 2>::bt_off : adm_cfg<512>::bt_off; break;
     }
     return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
 }
@@ -946,7 +960,30 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     if (per_max > ADM_KMAX)
         return BERTH_OK;
     const int bt_n = (int)((per_max + kv->block_size - 1) / kv->block_size + 1);
-    const size_t smem = adm_smem(dp, bt_n);
+    size_t smem = adm_smem(dp, bt_n);
+    /* BERTH_CUDA_ATT_RING2: splits of at most two tiles never use the ring's third stage; the two-stage instance
+     * asks for a third less shared memory (d256: ~77 instead of 108 KiB), so that more of its blocks get resident
+     * beside the kernels before it under PDL (bench/RESULTS.md session 21). The split count stays the three-stage
+     * instance's. */
+    if (be->att_ring2 && per_max <= 2 * bn) {
+        void (*fn2)(const adm_args) = nullptr;
+        switch (dp) {
+        case 64: fn2 = f16 ? adm_fn<64, true, 2>(mk) : adm_fn<64, false, 2>(mk); break;
+        case 128: fn2 = f16 ? adm_fn<128, true, 2>(mk) : adm_fn<128, false, 2>(mk); break;
+        case 256: fn2 = f16 ? adm_fn<256, true, 2>(mk) : adm_fn<256, false, 2>(mk); break;
+        default: fn2 = f16 ? adm_fn<512, true, 2>(mk) : adm_fn<512, false, 2>(mk); break;
+        }
+        const size_t smem2 = adm_smem(dp, bt_n, 2);
+        if (!reserve_only) { /* the largest any call asks for, as the three-stage instance's (graphs keep theirs) */
+            berth_status st = cu_check(be, cudaFuncSetAttribute(fn2, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                (int)adm_smem(dp, ADM_KMAX + 2, 2)),
+                                       "cudaFuncSetAttribute (attn_decode_mma_kernel shared memory)");
+            if (st != BERTH_OK)
+                return st;
+        }
+        fn = fn2;
+        smem = smem2;
+    }
     const int64_t blocks = (int64_t)ns * base;
     const int64_t m_chunks = (n_rep * (DV / 4) + ADM_THREADS - 1) / ADM_THREADS;
     if (blocks > INT32_MAX || m_chunks * base > INT32_MAX)

@@ -153,6 +153,9 @@ struct berth_backend {
                                  * fit; env BERTH_CUDA_ATT_MMA_BPS=0..8, read at init; tuning runs) */
     int att_trigger;            /* where the decode attention kernels let the next kernel launch: CU_ATT_TRIGGER_*
                                  * (env BERTH_CUDA_ATT_TRIGGER=late|early|auto, read at init; default auto) */
+    int att_ring2;              /* tensor-core decode attention: calls whose splits take at most two key tiles on the
+                                 * instances with a two-stage ring (less shared memory; env BERTH_CUDA_ATT_RING2=0|1,
+                                 * read at init; default 0 until measured) */
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
