@@ -3,7 +3,7 @@
 # each setting runs once per round, rounds interleaved, so that drift between calls does not decide the comparison
 # (only figures from one call compare; bench/RESULTS.md).
 #
-#   bench/ab_env.sh [-r ROUNDS] [-c CONCURRENCY] [-k] [SETTING ...]
+#   bench/ab_env.sh [-r ROUNDS] [-c CONCURRENCY] [-k] [-l] [SETTING ...]
 #
 # A SETTING is a space-separated list of NAME=VALUE assignments for that run ('' or 'default': none), e.g.
 #   bench/ab_env.sh -r 2 -c 1,8,32 default BERTH_CUDA_GEMV_EARLY_MIB=16 'BERTH_CUDA_PDL=0 BERTH_CUDA_XPRE=1'
@@ -12,7 +12,8 @@
 # BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`.
 # Prints one line per run: "round R | SETTING | C tok/s C tok/s ..." (decode tok/s per concurrency level). With -k
 # each run also records a kernel trace (bench/ktrace.c, through CUPTI) to $OUT/ktrace-rR-N.csv (N: the setting's
-# position), summarised beside it by bench/ktrace_summary.py.
+# position), summarised beside it by bench/ktrace_summary.py. With -l each run's whole output (the backend's log
+# included, e.g. BERTH_CUDA_ATT_PROF=graph's stamps, for bench/stamps_summary.py) is kept in $OUT/ab-rR-N.log.
 #
 # Environment: BUILD_DIR (default build; host/berth and plugins/ prebuilt, with -k bench/libberth_ktrace.so),
 # BENCH_CKPT (default /tmp/berth-gemma4-e2b; made with tools/gen_gemma4_bench_ckpt.py --shape e2b when absent),
@@ -25,12 +26,14 @@ cd "$root" || exit 1
 rounds=2
 conc=1,8,32
 trace=0
-while getopts "r:c:k" o; do
+keep=0
+while getopts "r:c:kl" o; do
     case $o in
     r) rounds=$OPTARG ;;
     c) conc=$OPTARG ;;
     k) trace=1 ;;
-    *) sed -n 2,21p "$0" >&2; exit 2 ;;
+    l) keep=1 ;;
+    *) sed -n 2,22p "$0" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
@@ -100,8 +103,10 @@ for r in $(seq 1 "$rounds"); do
             envs+=(CUDA_INJECTION64_PATH="$build/bench/libberth_ktrace.so" KTRACE_OUT="$out/ktrace-r$r-$i.csv"
                 LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$cupti")
         fi
+        log=/dev/null
+        [ "$keep" = 1 ] && log="$out/ab-r$r-$i.log"
         line=$(env ${envs[@]+"${envs[@]}"} "$build/host/berth" bench --config "${cfgs[$((i - 1))]}" --model "$ckpt" \
-            --prompt-len "${PROMPT_LEN:-512}" --gen-len "${GEN_LEN:-128}" --concurrency "$conc" 2>&1 |
+            --prompt-len "${PROMPT_LEN:-512}" --gen-len "${GEN_LEN:-128}" --concurrency "$conc" 2>&1 | tee "$log" |
             awk '$1 ~ /^[0-9]+$/ && NF > 8 {printf "%s %s ", $1, $NF; n++} END {exit n == 0}')
         status=$?
         rows=$(echo "$line" | awk '{print NF / 2}')
