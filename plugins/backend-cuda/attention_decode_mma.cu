@@ -681,10 +681,22 @@ struct adm_cache {
     int bps[ADM_CACHE_DEVICES]; /* resident blocks per SM at the largest table window, 0: not set up */
 };
 
-template <int DP, bool F16, int STG = ADM_STAGES>
+template <int DP, bool F16, int STG>
 static void (*adm_fn(bool mk))(const adm_args)
 {
     return mk ? attn_decode_mma_kernel<DP, F16, true, STG> : attn_decode_mma_kernel<DP, F16, false, STG>;
+}
+
+/* The instance for head-dim bucket dp (adm_dp), cache dtype, merge mode and ring stages (2 or 3). */
+template <int STG>
+static void (*adm_fn_of(int dp, bool f16, bool mk))(const adm_args)
+{
+    switch (dp) {
+    case 64: return f16 ? adm_fn<64, true, STG>(mk) : adm_fn<64, false, STG>(mk);
+    case 128: return f16 ? adm_fn<128, true, STG>(mk) : adm_fn<128, false, STG>(mk);
+    case 256: return f16 ? adm_fn<256, true, STG>(mk) : adm_fn<256, false, STG>(mk);
+    default: return f16 ? adm_fn<512, true, STG>(mk) : adm_fn<512, false, STG>(mk);
+    }
 }
 
 static int adm_dp(int dmax)
@@ -765,6 +777,27 @@ unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64
     return s->att_prof_cap >= need ? s->att_prof : nullptr;
 }
 
+/* Appends to msg (n characters so far, cap in all) " K:MIN/MED/MAX(COUNT)" per stamp K of t ([blocks][stamps]
+ * global-timer values), in us from origin, over the blocks whose stamp is at least floor (0 reads "never written");
+ * v: room for `blocks` values. Returns the new length. */
+static int adm_stamp_line(char *msg, int cap, int n, const unsigned long long *t, int blocks, int stamps,
+                          unsigned long long floor, unsigned long long origin, double *v)
+{
+    for (int k = 0; k < stamps && n > 0 && n < cap; k++) {
+        int c = 0;
+        for (int b = 0; b < blocks; b++) {
+            const unsigned long long x = t[(size_t)b * stamps + k];
+            if (x && x >= floor)
+                v[c++] = (double)(x - origin) / 1000.0;
+        }
+        if (c == 0)
+            continue;
+        qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
+        n += snprintf(msg + n, (size_t)(cap - n), " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2], v[c - 1], c);
+    }
+    return n;
+}
+
 berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned long long *prof, int blocks, int stamps,
                                 const char *what)
 {
@@ -784,17 +817,8 @@ berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned lon
         if (t[(size_t)b * stamps] && t[(size_t)b * stamps] < t0)
             t0 = t[(size_t)b * stamps];
     char msg[600];
-    int n = snprintf(msg, sizeof msg, "%s: stamp min/med/max us:", what);
-    for (int k = 0; k < stamps && n > 0 && n < (int)sizeof msg; k++) {
-        int c = 0;
-        for (int b = 0; b < blocks; b++)
-            if (t[(size_t)b * stamps + k])
-                v[c++] = (double)(t[(size_t)b * stamps + k] - t0) / 1000.0;
-        if (c == 0)
-            continue;
-        qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
-        n += snprintf(msg + n, sizeof msg - (size_t)n, " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2], v[c - 1], c);
-    }
+    const int n = snprintf(msg, sizeof msg, "%s: stamp min/med/max us:", what);
+    adm_stamp_line(msg, (int)sizeof msg, n, t, blocks, stamps, 1, t0, v);
     free(v);
     free(t);
     if (be->host && be->host->log)
@@ -804,7 +828,8 @@ berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned lon
 
 unsigned long long *cu_att_prof_graph(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what)
 {
-    if (be->att_prof != CU_ATT_PROF_GRAPH || !be->capturing || !s->gprof || blocks * stamps > CU_GPROF_STAMPS - s->gprof_used)
+    if (be->att_prof != CU_ATT_PROF_GRAPH || !be->capturing || !s->gprof ||
+        blocks * stamps > CU_GPROF_STAMPS - s->gprof_used)
         return nullptr;
     if (s->gprof_n == s->gprof_cap) {
         const int cap = s->gprof_cap ? 2 * s->gprof_cap : 256;
@@ -847,20 +872,9 @@ void cu_att_prof_graph_report(berth_backend *be, berth_stream *s)
             for (int i = i0; i < i1 && t0 != ~0ull; i++) {
                 const cu_gprof_region *r = &s->gprof_reg[i];
                 char msg[700];
-                int n = snprintf(msg, sizeof msg, "graph %d #%d %s: stamp min/med/max us:", r->graph, i - i0, r->what);
-                for (int k = 0; k < r->stamps && n > 0 && n < (int)sizeof msg; k++) {
-                    int c = 0;
-                    for (int b = 0; b < r->blocks; b++) {
-                        const unsigned long long x = t[r->off + (int64_t)b * r->stamps + k];
-                        if (x >= t0) /* zero: never written (a block that skipped the stamp, or no replay) */
-                            v[c++] = (double)(x - t0) / 1000.0;
-                    }
-                    if (c == 0)
-                        continue;
-                    qsort(v, (size_t)c, sizeof *v, adm_cmp_double);
-                    n += snprintf(msg + n, sizeof msg - (size_t)n, " %d:%.2f/%.2f/%.2f(%d)", k, v[0], v[c / 2],
-                                  v[c - 1], c);
-                }
+                const int n = snprintf(msg, sizeof msg, "graph %d #%d %s: stamp min/med/max us:", r->graph, i - i0,
+                                       r->what);
+                adm_stamp_line(msg, (int)sizeof msg, n, t + r->off, r->blocks, r->stamps, t0, t0, v);
                 if (be->host && be->host->log)
                     be->host->log(be->host->ctx, BERTH_LOG_WARN, msg);
             }
@@ -903,13 +917,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     const int dp = adm_dp(D > DV ? D : DV), bn = adm_bn(dp);
     const bool f16 = kv->dtype == BERTH_DTYPE_F16;
     const bool mk = be->att_merge_kernel != 0; /* merged by adm_merge_kernel: no counters needed */
-    void (*fn)(const adm_args) = nullptr;
-    switch (dp) {
-    case 64: fn = f16 ? adm_fn<64, true>(mk) : adm_fn<64, false>(mk); break;
-    case 128: fn = f16 ? adm_fn<128, true>(mk) : adm_fn<128, false>(mk); break;
-    case 256: fn = f16 ? adm_fn<256, true>(mk) : adm_fn<256, false>(mk); break;
-    default: fn = f16 ? adm_fn<512, true>(mk) : adm_fn<512, false>(mk); break;
-    }
+    void (*fn)(const adm_args) = adm_fn_of<ADM_STAGES>(dp, f16, mk);
 
     /* Set up once per device at the largest shared memory any call of this instance asks for (a table window of
      * ADM_KMAX keys at block size 1), so that occupancy is one number per instance. */
@@ -966,13 +974,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
      * beside the kernels before it under PDL (bench/RESULTS.md session 21). The split count stays the three-stage
      * instance's. */
     if (be->att_ring2 && per_max <= 2 * bn) {
-        void (*fn2)(const adm_args) = nullptr;
-        switch (dp) {
-        case 64: fn2 = f16 ? adm_fn<64, true, 2>(mk) : adm_fn<64, false, 2>(mk); break;
-        case 128: fn2 = f16 ? adm_fn<128, true, 2>(mk) : adm_fn<128, false, 2>(mk); break;
-        case 256: fn2 = f16 ? adm_fn<256, true, 2>(mk) : adm_fn<256, false, 2>(mk); break;
-        default: fn2 = f16 ? adm_fn<512, true, 2>(mk) : adm_fn<512, false, 2>(mk); break;
-        }
+        void (*fn2)(const adm_args) = adm_fn_of<2>(dp, f16, mk);
         const size_t smem2 = adm_smem(dp, bt_n, 2);
         if (!reserve_only) { /* the largest any call asks for, as the three-stage instance's (graphs keep theirs) */
             berth_status st = cu_check(be, cudaFuncSetAttribute(fn2, cudaFuncAttributeMaxDynamicSharedMemorySize,
