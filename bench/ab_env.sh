@@ -9,7 +9,8 @@
 #   bench/ab_env.sh -r 2 -c 1,8,32 default BERTH_CUDA_GEMV_EARLY_MIB=16 'BERTH_CUDA_PDL=0 BERTH_CUDA_XPRE=1'
 # PLUGINS=DIR is not an environment variable: that run loads its plugins from DIR (another build's CUDA plugin
 # beside the Gemma 4 plugin; a DIR/*.so.xz is unpacked first, tools/gpu_ab_plugin.sh makes such folders) instead of
-# BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`.
+# BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`. Nor is ARGS=A,B,...: more `berth bench` arguments for that
+# run, commas for spaces, e.g. `ARGS=--warmup,once`.
 # Prints one line per run: "round R | SETTING | C tok/s C tok/s ..." (decode tok/s per concurrency level). With -k
 # each run also records a kernel trace (bench/ktrace.c, through CUPTI) to $OUT/ktrace-rR-N.csv (N: the setting's
 # position), summarised beside it by bench/ktrace_summary.py. With -l each run's whole output (the backend's log
@@ -62,6 +63,7 @@ if [ "$trace" = 1 ]; then
 fi
 # per setting: its environment assignments and its config (BERTH_CONFIG as given unless PLUGINS= names a folder)
 envs_of=()
+args_of=()
 cfgs=()
 i=0
 for setting in "$@"; do
@@ -70,9 +72,11 @@ for setting in "$@"; do
     [ "$setting" = default ] || read -r -a words <<<"$setting"
     plugins=
     envs=
+    bargs=
     for w in ${words[@]+"${words[@]}"}; do
         case $w in
         PLUGINS=*) plugins=$(abs "${w#PLUGINS=}") ;;
+        ARGS=*) bargs="$bargs $(echo "${w#ARGS=}" | tr ',' ' ')" ;;
         *) envs="$envs $w" ;;
         esac
     done
@@ -91,6 +95,7 @@ for setting in "$@"; do
         cfg=$(config_for 0 "$build/plugins") || exit 1
     fi
     envs_of+=("$envs")
+    args_of+=("$bargs")
     cfgs+=("$cfg")
 done
 levels=$(echo "$conc" | tr ',' '\n' | grep -c .)
@@ -99,6 +104,7 @@ for r in $(seq 1 "$rounds"); do
     for setting in "$@"; do
         i=$((i + 1))
         read -r -a envs <<<"${envs_of[$((i - 1))]}"
+        read -r -a bargs <<<"${args_of[$((i - 1))]}"
         if [ "$trace" = 1 ]; then
             envs+=(CUDA_INJECTION64_PATH="$build/bench/libberth_ktrace.so" KTRACE_OUT="$out/ktrace-r$r-$i.csv"
                 LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$cupti")
@@ -106,7 +112,7 @@ for r in $(seq 1 "$rounds"); do
         log=/dev/null
         [ "$keep" = 1 ] && log="$out/ab-r$r-$i.log"
         line=$(env ${envs[@]+"${envs[@]}"} "$build/host/berth" bench --config "${cfgs[$((i - 1))]}" --model "$ckpt" \
-            --prompt-len "${PROMPT_LEN:-512}" --gen-len "${GEN_LEN:-128}" --concurrency "$conc" 2>&1 | tee "$log" |
+            --prompt-len "${PROMPT_LEN:-512}" --gen-len "${GEN_LEN:-128}" --concurrency "$conc" ${bargs[@]+"${bargs[@]}"} 2>&1 | tee "$log" |
             awk '$1 ~ /^[0-9]+$/ && NF > 8 {printf "%s %s ", $1, $NF; n++} END {exit n == 0}')
         status=$?
         rows=$(echo "$line" | awk '{print NF / 2}')

@@ -10,7 +10,9 @@
 #          the bf16 matrix rate (8192^3, median of 10) for the prefill compute floor
 #   berth  build/host/berth bench --config bench/gpu-bench.ini --concurrency 1,8,32,128 --prompt-len 512
 #          --gen-len 128 --json, then TTFT: --concurrency 1,1,1,1,1 --prompt-len 2048 --gen-len 1 (five
-#          sequential single requests; the median of their TTFTs is reported)
+#          sequential single requests; the median of their TTFTs is reported). Each level runs once unmeasured
+#          with its own settings first (`berth bench --warmup each`, the default), as transformers is measured
+#          after a warm-up with the same settings: the first steps of a new batch size record its decode graph
 #   ncu    (only when named in PARTS) Nsight Compute kernel times of a TTFT prefill and of 1/8/32-sequence decode
 #          steps, one line per forward pass in $OUT/ncu-*.txt, then the last pass per kernel (the CSVs, gzipped,
 #          beside them: tools/ncu_forwards.py NAME.csv N shows pass N)

@@ -3,7 +3,13 @@
  * levels. At each level C, C requests of --prompt-len random token ids (distinct first tokens, so the prefix
  * cache cannot serve them) and --gen-len new tokens (EOS ignored) are submitted at once; the level reports
  * generated tokens per second over its wall time, time to first token (submission -> first token) and
- * inter-token latency (gaps between a request's consecutive tokens) percentiles. One warm-up request runs first.
+ * inter-token latency (gaps between a request's consecutive tokens) percentiles.
+ *
+ * Warm-up (--warmup): `each` (default) runs every level once unmeasured with the same concurrency, prompt length
+ * and generation length (other prompts) before measuring it, as the transformers reference is measured ("after a
+ * warm-up with the same settings", bench/gpu_gemma4.sh): the first decode steps of a new batch bucket run eagerly
+ * and record its CUDA graph (~20 ms at 32 sequences, bench/RESULTS.md session 22), a one-time cost a server pays at
+ * its first such batch, not per request. `once`: a single 1-request, 4-token run before the first level only.
  * Output: a table, or with --json one object per level.
  *
  * decode tok/s (JSON "decode_tok_s"): decode throughput with every request of the level past its prefill. The
@@ -31,11 +37,13 @@
 
 static const char bench_usage[] =
     "usage: berth bench --config FILE [--model DIR] [--concurrency 1,4,16,64] [--prompt-len N] [--gen-len M]\n"
-    "                   [--seed S] [--json]\n"
+    "                   [--seed S] [--warmup each|once] [--json]\n"
     "  --concurrency LIST     requests in flight per level, comma separated (default 1,4,16,64)\n"
     "  --prompt-len N         prompt tokens per request (default 128)\n"
     "  --gen-len M            generated tokens per request (default 128)\n"
     "  --seed S               seed of the random prompts (default 0)\n"
+    "  --warmup each|once     an unmeasured run of every level's own settings before it (each, default), or one\n"
+    "                         short request before the first level (once)\n"
     "  --json                 one JSON object per level\n";
 
 static double now_s(void)
@@ -223,7 +231,7 @@ int cmd_bench(int argc, char **argv)
 {
     const char *config = NULL, *model = NULL, *conc = "1,4,16,64";
     long long plen = 128, glen = 128, seed = 0;
-    int json = 0;
+    int json = 0, warm_each = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
@@ -246,6 +254,9 @@ int cmd_bench(int argc, char **argv)
             if (parse_count(v, 1, 1 << 24, &plen)) return usage("--prompt-len '%s' is not a positive count", v);
         } else if (!strcmp(a, "--gen-len")) {
             if (parse_count(v, 1, 1 << 24, &glen)) return usage("--gen-len '%s' is not a positive count", v);
+        } else if (!strcmp(a, "--warmup")) {
+            if (strcmp(v, "each") && strcmp(v, "once")) return usage("--warmup '%s' is not 'each' or 'once'", v);
+            warm_each = !strcmp(v, "each");
         } else if (!strcmp(a, "--seed")) {
             if (parse_count(v, 0, LLONG_MAX, &seed)) return usage("--seed '%s' is not a non-negative integer", v);
         } else
@@ -278,15 +289,25 @@ int cmd_bench(int argc, char **argv)
     int rc = 0;
     struct level L;
     double wall;
-    /* Warm-up: page the weights in, grow buffers. */
-    if (run_level(e, 1, (int32_t)plen, 4, &rng, 999, &L, &wall) != BERTH_OK) rc = 1;
-    level_free(&L);
+    /* Warm-up: page the weights in, grow buffers (and with --warmup each, below, record each level's graphs). */
+    if (!warm_each) {
+        if (run_level(e, 1, (int32_t)plen, 4, &rng, 999, &L, &wall) != BERTH_OK) rc = 1;
+        level_free(&L);
+    }
     if (!json && !rc)
         printf("%-11s %9s %9s %10s %10s %10s %10s %10s %10s %8s %10s\n", "concurrency", "tokens", "tok/s",
                "ttft_p50", "ttft_p90", "ttft_p99", "itl_p50", "itl_p90", "itl_p99", "preempt", "decode_t/s");
     for (int32_t li = 0; li < n_levels && !rc; li++) {
         berth_engine_stats s0, s1;
         s0.struct_size = s1.struct_size = sizeof s0;
+        if (warm_each) { /* first tokens tagged apart from every measured level's (tag 1000 + li) */
+            if (run_level(e, levels[li], (int32_t)plen, (int32_t)glen, &rng, 1000 + li, &L, &wall) != BERTH_OK) {
+                rc = 1;
+                level_free(&L);
+                break;
+            }
+            level_free(&L);
+        }
         berth_engine_get_stats(e, &s0);
         if (run_level(e, levels[li], (int32_t)plen, (int32_t)glen, &rng, li, &L, &wall) != BERTH_OK) {
             rc = 1;

@@ -4,7 +4,8 @@
  *    with prompt_tokens and cached_tokens (a repeated 40-token prompt reports 32 cached with 16-token blocks);
  *  - --stats prints the engine counters on stderr;
  *  - a malformed line is a one-line error naming the file and line;
- *  - berth bench prints one JSON object per concurrency level, with decode_tok_s (null when --gen-len is 1).
+ *  - berth bench prints one JSON object per concurrency level, with decode_tok_s (null when --gen-len is 1);
+ *    --warmup once|each, anything else a usage error.
  * Args: the berth executable and the parity config. Exits 77 without the fixture. */
 #include <check.h>
 #include <jansson.h>
@@ -344,6 +345,23 @@ START_TEST(test_bench_json)
     ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
     ck_assert_msg(strstr(out, "preempt decode_t/s\n") != NULL, "%s", out);
     ck_assert_msg(strstr(out, " -\n") != NULL, "%s", out);
+    free(out);
+    free(err);
+    /* The old single short warm-up request; a bad --warmup value is a usage error naming it. */
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --model %s --concurrency 2 --prompt-len 8 --gen-len 3 --warmup once "
+             "--json", berth_bin, config_path, model_dir);
+    ck_assert_msg(run(cmd, &out, &err) == 0, "%s", err);
+    {
+        json_t *o = json_loads(out, 0, NULL);
+        ck_assert_msg(o != NULL, "%s", out);
+        ck_assert_int_eq(json_integer_value(json_object_get(o, "tokens")), 6);
+        json_decref(o);
+    }
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s bench --config %s --warmup twice", berth_bin, config_path);
+    ck_assert_int_eq(run(cmd, &out, &err), 2);
+    ck_assert_msg(strstr(err, "--warmup 'twice' is not 'each' or 'once'") != NULL, "%s", err);
     free(out);
     free(err);
     snprintf(cmd, sizeof cmd, "%s bench --config %s --concurrency 0", berth_bin, config_path);
