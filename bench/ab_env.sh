@@ -10,7 +10,8 @@
 # PLUGINS=DIR is not an environment variable: that run loads its plugins from DIR (another build's CUDA plugin
 # beside the Gemma 4 plugin; a DIR/*.so.xz is unpacked first, tools/gpu_ab_plugin.sh makes such folders) instead of
 # BUILD_DIR/plugins, e.g. `default PLUGINS=/tmp/branch`. Nor is ARGS=A,B,...: more `berth bench` arguments for that
-# run, commas for spaces, e.g. `ARGS=--warmup,once`.
+# run, commas for spaces, e.g. `ARGS=--warmup,once`. Nor is INI=KEY=VALUE: that run's config with the line
+# "KEY = ..." set to VALUE (an existing key of bench/gpu-bench.ini or BERTH_CONFIG), e.g. `INI=max_batch_tokens=8192`.
 # Prints one line per run: "round R | SETTING | C tok/s C tok/s ..." (decode tok/s per concurrency level). With -k
 # each run also records a kernel trace (bench/ktrace.c, through CUPTI) to $OUT/ktrace-rR-N.csv (N: the setting's
 # position), summarised beside it by bench/ktrace_summary.py. With -l each run's whole output (the backend's log
@@ -73,10 +74,12 @@ for setting in "$@"; do
     plugins=
     envs=
     bargs=
+    ini=
     for w in ${words[@]+"${words[@]}"}; do
         case $w in
         PLUGINS=*) plugins=$(abs "${w#PLUGINS=}") ;;
         ARGS=*) bargs="$bargs $(echo "${w#ARGS=}" | tr ',' ' ')" ;;
+        INI=*) ini="$ini ${w#INI=}" ;;
         *) envs="$envs $w" ;;
         esac
     done
@@ -94,6 +97,13 @@ for setting in "$@"; do
     else
         cfg=$(config_for 0 "$build/plugins") || exit 1
     fi
+    for kv in $ini; do
+        key=${kv%%=*}
+        grep -q "^$key = " "$cfg" || { echo "ab_env.sh: $cfg has no '$key = ' line" >&2; exit 1; }
+        sed -e "s#^$key = .*#$key = ${kv#*=}#" "$cfg" >"/tmp/ab_env-ini-$i.tmp" &&
+            mv "/tmp/ab_env-ini-$i.tmp" "/tmp/ab_env-ini-$i.ini"
+        cfg=/tmp/ab_env-ini-$i.ini
+    done
     envs_of+=("$envs")
     args_of+=("$bargs")
     cfgs+=("$cfg")
