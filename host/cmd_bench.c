@@ -300,7 +300,7 @@ int cmd_bench(int argc, char **argv)
     for (int32_t li = 0; li < n_levels && !rc; li++) {
         berth_engine_stats s0, s1;
         s0.struct_size = s1.struct_size = sizeof s0;
-        if (warm_each) { /* first tokens tagged apart from every measured level's (tag 1000 + li) */
+        if (warm_each) { /* tag 1000 + li: first tokens apart from every measured level's (tag li) */
             if (run_level(e, levels[li], (int32_t)plen, (int32_t)glen, &rng, 1000 + li, &L, &wall) != BERTH_OK) {
                 rc = 1;
                 level_free(&L);
