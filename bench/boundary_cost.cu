@@ -27,6 +27,13 @@
  * barrier); --pdl 0 launches the chain without programmatic dependent launch; --fanin F makes each block of a
  * stage depend on 1/F of the previous stage's blocks (its reads come from those only; the persistent kernels wait
  * for those only, the chain still for the whole grid): what dependencies finer than all-to-all would save.
+ * --tail MASK adds a fifth graph, "chain, tails": the chain with some of each layer's byte-less stages folded
+ * into the stage before them, as a tail of that stage's kernel (bit 0 kv_append, 1 the split merge, 2 the
+ * post-attention norm, 3 the post-FF norm, 4 the post-PLE norm; 28 = the three norms): every block counts itself
+ * in a per-stage counter when its output is stored (fence + acq_rel add), the --tail-blocks T blocks that arrive
+ * last wait until all have, then do the folded stage's work for all of its blocks (the same loads and stores,
+ * the same output bits) — what finishing a post-norm in the split product's last cluster would cost against a
+ * launch of its own (docs/cuda-decode-step.md, session 22). Needs --fanin 1.
  *
  * Why a synthetic: docs/cuda-decode-step.md's persistent-kernel design rests on the estimate that the ~430
  * dependent grids cost ~2-2.5 us each beyond their bytes; this measures that directly, and the best a persistent
@@ -73,6 +80,8 @@ struct params {
     int nodep;           /* persistent: do not wait for the previous stage (what the barriers cost) */
     int fence;           /* persistent: __threadfence() before the release add (cooperative groups' grid sync has it) */
     int fanin;           /* block j depends on the blocks b of the previous stage with b % fanin == j % fanin */
+    int tail;            /* chain: this launch also does stage s0 + 1 (byte-less) in its last tail_blocks blocks */
+    int tail_blocks;
 };
 
 __device__ __forceinline__ void cp16(void *dst, const void *src)
@@ -123,7 +132,7 @@ __device__ __forceinline__ void prologue(const params &p, int s, unsigned char *
 
 /* Everything of stage s after its dependency is met: read the previous output's slice, stream the rest of the
  * weights through the ring, write this block's slice of the output. */
-__device__ __forceinline__ void body(const params &p, int s, unsigned char *ring)
+__device__ __forceinline__ void body(const params &p, int s, unsigned char *ring, int blk)
 {
     __shared__ uint32_t wsum[THREADS / 32];
     const stage st = p.st[s];
@@ -136,10 +145,10 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
     for (int i = 0; i < p.xread; i++) {
         int idx;
         if (p.fanin == 1) {
-            idx = (int)(((int64_t)(blockIdx.x + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
+            idx = (int)(((int64_t)(blk + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
         } else { /* only from this block's group of producers */
-            const int nb = p.bpg / p.fanin, g = (int)blockIdx.x % p.fanin;
-            const int b = g + p.fanin * (int)((blockIdx.x / p.fanin + i * 7 + threadIdx.x) % nb);
+            const int nb = p.bpg / p.fanin, g = blk % p.fanin;
+            const int b = g + p.fanin * (int)((blk / p.fanin + i * 7 + threadIdx.x) % nb);
             const int cnt = b == p.bpg - 1 ? XFLOATS - b * per_out : per_out;
             idx = b * per_out + (int)((threadIdx.x * 13 + i) % cnt);
         }
@@ -168,13 +177,45 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
     uint32_t tot = 0;
     for (int i = 0; i < THREADS / 32; i++)
         tot += wsum[i];
-    const int mine = (int)blockIdx.x == p.bpg - 1 ? XFLOATS - (int)blockIdx.x * per_out : per_out;
+    const int mine = blk == p.bpg - 1 ? XFLOATS - blk * per_out : per_out;
     for (int i = threadIdx.x; i < mine; i += THREADS)
-        xout[blockIdx.x * per_out + i] = 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
+        xout[blk * per_out + i] = 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
     __syncthreads(); /* the ring and wsum are free again */
 }
 
-__device__ __noinline__ void body_call(const params &p, int s, unsigned char *ring) { body(p, s, ring); }
+/* body() of byte-less stage s for the blocks b0, b0 + tail_blocks, ... at once: every block's loads in flight
+ * together (one round trip per x-read, as a norm loading its rows), then every block's stores; the same values
+ * in the same order as body(), so the same bits. */
+#define TAIL_MAX 64 /* blocks one tail block stands in for */
+__device__ __forceinline__ void tail_body(const params &p, int s, int b0)
+{
+    const float *xin = p.x + (int64_t)s * XFLOATS;
+    float *xout = p.x + (int64_t)(s + 1) * XFLOATS;
+    const int per_out = XFLOATS / p.bpg;
+    float xs[TAIL_MAX];
+#pragma unroll
+    for (int k = 0; k < TAIL_MAX; k++)
+        xs[k] = 0.0f;
+    for (int i = 0; i < p.xread; i++) {
+#pragma unroll
+        for (int k = 0; k < TAIL_MAX; k++) {
+            const int b = b0 + k * p.tail_blocks;
+            if (b < p.bpg)
+                xs[k] += __ldcg(xin + (int)(((int64_t)(b + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS));
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < TAIL_MAX; k++) {
+        const int b = b0 + k * p.tail_blocks;
+        if (b >= p.bpg)
+            break;
+        const int mine = b == p.bpg - 1 ? XFLOATS - b * per_out : per_out;
+        for (int i = threadIdx.x; i < mine; i += THREADS)
+            xout[b * per_out + i] = 0.5f * xs[k] / (float)p.xread + (float)(i & 1023) * (1.0f / 1024.0f);
+    }
+}
+
+__device__ __noinline__ void body_call(const params &p, int s, unsigned char *ring) { body(p, s, ring, blockIdx.x); }
 
 extern __shared__ __align__(16) unsigned char smem[];
 
@@ -183,7 +224,29 @@ __global__ void __launch_bounds__(THREADS) chain_kernel(const params p)
     asm volatile("griddepcontrol.launch_dependents;" ::);
     prologue(p, p.s0, smem);
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    body(p, p.s0, smem);
+    body(p, p.s0, smem, blockIdx.x);
+    if (!p.tail)
+        return;
+    /* the folded stage s0 + 1 (no bytes): the last tail_blocks blocks to finish stage s0 do it for every block */
+    __shared__ unsigned int ticket;
+    if (threadIdx.x == 0) {
+        unsigned int t;
+        __threadfence();
+        asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(t) : "l"(p.count + p.s0) : "memory");
+        ticket = t;
+    }
+    __syncthreads();
+    const int first = p.bpg - p.tail_blocks;
+    if ((int)ticket < first)
+        return;
+    if (threadIdx.x == 0) {
+        unsigned int v;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p.count + p.s0) : "memory");
+        } while (v < (unsigned int)p.bpg);
+    }
+    __syncthreads();
+    tail_body(p, p.s0 + 1, (int)ticket - first);
 }
 
 template <bool CALL>
@@ -204,7 +267,7 @@ __global__ void __launch_bounds__(THREADS) persistent_kernel(const params p)
         if constexpr (CALL)
             body_call(p, s, smem);
         else
-            body(p, s, smem);
+            body(p, s, smem, blockIdx.x);
         /* count this block in stage s (its output stores before it), then start stage s + 1's weights */
         if (threadIdx.x == 0) {
             if (p.fence)
@@ -263,6 +326,7 @@ static float median(std::vector<float> v)
 int main(int argc, char **argv)
 {
     int reps = 20, bps = 2, ring_kb = 64, xread = 8, layers = 35, nodep = 0, fence = 1, pdl = 1, fanin = 1;
+    int tail = 0, tail_blocks = 8;
     double scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -276,6 +340,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--fence")) fence = v;
         else if (!strcmp(a, "--pdl")) pdl = v;
         else if (!strcmp(a, "--fanin")) fanin = v;
+        else if (!strcmp(a, "--tail")) tail = v;
+        else if (!strcmp(a, "--tail-blocks")) tail_blocks = v;
         else if (!strcmp(a, "--reps")) reps = v;
         else if (!strcmp(a, "--blocks-per-sm")) bps = v;
         else if (!strcmp(a, "--ring-kb")) ring_kb = v;
@@ -315,6 +381,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_boundary_cost: --fanin %d does not divide the grid of %d blocks\n", fanin, G);
         return 2;
     }
+    if (tail < 0 || tail > 31 || (tail && fanin != 1) || tail_blocks < 1 || tail_blocks > G ||
+        (G + tail_blocks - 1) / tail_blocks > TAIL_MAX) {
+        fprintf(stderr, "bench_boundary_cost: --tail is a mask in 0..31 (with --fanin 1), --tail-blocks %d..%d\n",
+                (G + TAIL_MAX - 1) / TAIL_MAX, G);
+        return 2;
+    }
 
     const std::vector<int64_t> sb = e2b_stages(layers);
     const int S = (int)sb.size();
@@ -346,7 +418,7 @@ int main(int argc, char **argv)
 
     cudaStream_t str;
     CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
-    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin};
+    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks};
 
     /* the chain: S launches with PDL */
     cudaGraphExec_t g_chain, g_pers, g_call, g_floor;
@@ -370,6 +442,48 @@ int main(int argc, char **argv)
         }
         CK(cudaStreamEndCapture(str, &g));
         CK(cudaGraphInstantiate(&g_chain, g, 0));
+        CK(cudaGraphDestroy(g));
+    }
+    /* the chain with byte-less stages folded into the stage before them (--tail) */
+    cudaGraphExec_t g_tail = nullptr;
+    float *xd = nullptr;
+    int launches_tail = S;
+    if (tail) {
+        CK(cudaMalloc(&xd, sizeof(float) * XFLOATS * (S + 1)));
+        fill_x<<<64, 256>>>(xd);
+        CK(cudaGetLastError());
+        static const int pos_of_bit[5] = {1, 3, 5, 8, 11}; /* stage positions within a layer (e2b_stages) */
+        std::vector<char> folded(S, 0);
+        for (int s = 0; s < S - 1; s++) /* the LM head (last) is never folded */
+            for (int k = 0; k < 5; k++)
+                if ((tail >> k & 1) && s % 12 == pos_of_bit[k] && sb[s] == 0 && sb[s - 1] > 0)
+                    folded[s] = 1;
+        cudaGraph_t g;
+        CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeThreadLocal));
+        CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S * fanin, str));
+        launches_tail = 0;
+        for (int s = 0; s < S; s++) {
+            if (folded[s])
+                continue;
+            params q = p;
+            q.x = xd;
+            q.s0 = s;
+            q.tail = s + 1 < S && folded[s + 1];
+            cudaLaunchConfig_t cfg = {};
+            cfg.gridDim = dim3(G);
+            cfg.blockDim = dim3(THREADS);
+            cfg.dynamicSmemBytes = smem_bytes;
+            cfg.stream = str;
+            cudaLaunchAttribute at[1];
+            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+            at[0].val.programmaticStreamSerializationAllowed = 1;
+            cfg.attrs = at;
+            cfg.numAttrs = s > 0 && pdl ? 1 : 0;
+            CK(cudaLaunchKernelEx(&cfg, chain_kernel, q));
+            launches_tail++;
+        }
+        CK(cudaStreamEndCapture(str, &g));
+        CK(cudaGraphInstantiate(&g_tail, g, 0));
         CK(cudaGraphDestroy(g));
     }
     for (int call = 0; call < 2; call++) {
@@ -415,11 +529,12 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const char *names[4] = {"chain (PDL)", "persistent", "persistent-call", "floor (one stream)"};
-    cudaGraphExec_t gs[4] = {g_chain, g_pers, g_call, g_floor};
-    std::vector<float> t[4];
+    const char *names[5] = {"chain (PDL)", "persistent", "persistent-call", "floor (one stream)", "chain, tails"};
+    cudaGraphExec_t gs[5] = {g_chain, g_pers, g_call, g_floor, g_tail};
+    const int ng = tail ? 5 : 4;
+    std::vector<float> t[5];
     for (int r = 0; r < reps + 2; r++) /* interleaved, two warm-up rounds */
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < ng; k++) {
             CK(cudaEventRecord(e0, str));
             CK(cudaGraphLaunch(gs[k], str));
             CK(cudaEventRecord(e1, str));
@@ -435,8 +550,13 @@ int main(int argc, char **argv)
     CK(cudaMemcpy(ha.data(), xa + (int64_t)S * XFLOATS, sizeof(float) * XFLOATS, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hb.data(), xb + (int64_t)S * XFLOATS, sizeof(float) * XFLOATS, cudaMemcpyDeviceToHost));
     CK(cudaMemcpy(hc.data(), xc + (int64_t)S * XFLOATS, sizeof(float) * XFLOATS, cudaMemcpyDeviceToHost));
-    const bool same = memcmp(ha.data(), hb.data(), sizeof(float) * XFLOATS) == 0 &&
-                      memcmp(ha.data(), hc.data(), sizeof(float) * XFLOATS) == 0;
+    bool same = memcmp(ha.data(), hb.data(), sizeof(float) * XFLOATS) == 0 &&
+                memcmp(ha.data(), hc.data(), sizeof(float) * XFLOATS) == 0;
+    if (tail) {
+        std::vector<float> hd(XFLOATS);
+        CK(cudaMemcpy(hd.data(), xd + (int64_t)S * XFLOATS, sizeof(float) * XFLOATS, cudaMemcpyDeviceToHost));
+        same = same && memcmp(ha.data(), hd.data(), sizeof(float) * XFLOATS) == 0;
+    }
 
     printf("%s, %d SMs; %d stages (%d layers), %.3f GB (bytes x %.2f%s%s%s, fan-in 1/%d); grid %d blocks (%d per SM), ring %d KiB, %d x-reads per "
            "thread, %d replays each (median)\n",
@@ -444,11 +564,16 @@ int main(int argc, char **argv)
            nodep ? ", persistent kernels do not wait: outputs differ" : "", fence ? "" : ", no fence",
            pdl ? "" : ", chain without PDL", fanin, G, bps, ring_kb, xread, reps);
     const float floor_us = median(t[3]);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < ng; k++) {
         const float us = median(t[k]);
         printf("  %-20s %9.1f us  %6.0f GB/s  %+8.1f us over the floor (%.2f us per stage)\n", names[k], us,
                total / (us * 1e3), us - floor_us, (us - floor_us) / S);
     }
-    printf("  outputs of the chain and both persistent kernels: %s\n", same ? "identical" : "DIFFERENT");
+    if (tail)
+        printf("  chain, tails: %d launches instead of %d (mask %d, %d tail blocks): %+.2f us per folded stage\n",
+               launches_tail, S, tail, tail_blocks,
+               (median(t[4]) - median(t[0])) / (S - launches_tail > 0 ? S - launches_tail : 1));
+    printf("  outputs of the chain%s and both persistent kernels: %s\n", tail ? ", the chain with tails" : "",
+           same ? "identical" : "DIFFERENT");
     return same || nodep ? 0 : 1;
 }
