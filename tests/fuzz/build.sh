@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the tokenizer libFuzzer targets with clang (Debian clang + libclang-rt-*-dev) under ASan + UBSan, apart
-# from the meson build, and optionally runs them.
+# Builds the libFuzzer targets with clang (Debian clang + libclang-rt-*-dev) under ASan + UBSan, apart from the
+# meson build, and optionally runs them: the tokenizer's loader and encode/decode, the safetensors header
+# (st_open) and the INI config (config_load) — the host's parsers of untrusted files.
 #   tests/fuzz/build.sh [OUT_DIR]                     build into OUT_DIR (default build-fuzz/)
 #   tests/fuzz/build.sh OUT_DIR run SECONDS [LOG_DIR]  build, then run each target SECONDS (logs in LOG_DIR)
 # A finding makes the run exit non-zero; its reproducer lands in OUT_DIR/crash-*.
@@ -16,20 +17,32 @@ src=("$root"/host/tokenizer.c "$root"/host/tok_*.c "$root"/host/errors.c)
 for t in fuzz_tokenizer_load fuzz_tokenizer_encode; do
   "$CC" "${flags[@]}" -o "$out/$t" "$root/tests/fuzz/$t.c" "${src[@]}" "${libs[@]}"
 done
-echo "built $out/fuzz_tokenizer_load $out/fuzz_tokenizer_encode"
+"$CC" "${flags[@]}" -o "$out/fuzz_safetensors_open" "$root/tests/fuzz/fuzz_safetensors_open.c" \
+  "$root/host/safetensors.c" "$root/host/errors.c" -ljansson
+"$CC" "${flags[@]}" -o "$out/fuzz_config_load" "$root/tests/fuzz/fuzz_config_load.c" \
+  "$root/host/config.c" "$root/host/errors.c" -linih
+targets=(fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_safetensors_open fuzz_config_load)
+echo "built ${targets[*]/#/$out/}"
 if [ "${2:-}" = run ]; then
   secs=${3:-60} logs=${4:-$out}
-  mkdir -p "$logs" "$out/corpus_load" "$out/corpus_encode"
+  mkdir -p "$logs"
   logs=$(cd "$logs" && pwd) # absolute: the fuzzers run from $out
   export BERTH_SOURCE_ROOT=$root UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
   cd "$out"
-  # Run both targets even when the first finds something; fail afterwards if either did (pipefail carries a
-  # fuzzer's exit status through tail, which keeps the end of each log: the report and the run totals).
+  # Run every target even when one finds something; fail afterwards if any did (pipefail carries a fuzzer's exit
+  # status through tail, which keeps the end of each log: the report and the run totals).
+  run() { # TARGET MAX_LEN CORPUS [SEEDS]
+    local t=$1 max=$2 corpus=$3
+    shift 3
+    mkdir -p "$corpus"
+    ./"$t" -max_total_time="$secs" -max_len="$max" -timeout=20 -rss_limit_mb=4096 "$corpus" "$@" 2>&1 |
+      tail -n 60 > "$logs/$t.log"
+  }
   rc=0
-  ./fuzz_tokenizer_load -max_total_time="$secs" -max_len=65536 -timeout=20 -rss_limit_mb=4096 \
-    corpus_load "$root/tests/fuzz/seeds_load" 2>&1 | tail -n 60 > "$logs/fuzz_tokenizer_load.log" || rc=1
-  ./fuzz_tokenizer_encode -max_total_time="$secs" -max_len=4096 -timeout=20 -rss_limit_mb=4096 \
-    corpus_encode 2>&1 | tail -n 60 > "$logs/fuzz_tokenizer_encode.log" || rc=1
+  run fuzz_tokenizer_load 65536 corpus_load "$root/tests/fuzz/seeds_load" || rc=1
+  run fuzz_tokenizer_encode 4096 corpus_encode || rc=1
+  run fuzz_safetensors_open 4096 corpus_safetensors "$root/tests/fuzz/seeds_safetensors" || rc=1
+  run fuzz_config_load 4096 corpus_config "$root/tests/fuzz/seeds_config" || rc=1
   echo "ran $secs s each; logs in $logs"
   exit $rc
 fi
