@@ -7,6 +7,28 @@
 
 static _Thread_local char last_error[1024];
 
+/* The message is one line by contract (errors.h), but it may quote untrusted text — a config.json value, an INI
+ * line, a tokenizer string, a plugin's own message: control characters are stored as C escapes (\n, \t, \r,
+ * \xNN), so the line stays one line and still shows what was there (found by tests/fuzz/fuzz_gemma4_config). */
+static void store_one_line(const char *src)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p && o + 5 < sizeof last_error; p++) {
+        if (*p >= 0x20 && *p != 0x7f) {
+            last_error[o++] = (char)*p;
+            continue;
+        }
+        const char e = *p == '\n' ? 'n' : *p == '\t' ? 't' : *p == '\r' ? 'r' : 0;
+        if (e) {
+            last_error[o++] = '\\';
+            last_error[o++] = e;
+        } else {
+            o += (size_t)snprintf(last_error + o, sizeof last_error - o, "\\x%02x", *p);
+        }
+    }
+    last_error[o] = '\0';
+}
+
 berth_status berth_fail(berth_status code, const char *fmt, ...)
 {
     /* Format into a temporary first: arguments may point into last_error itself (re-wrapping a message). */
@@ -15,7 +37,7 @@ berth_status berth_fail(berth_status code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    memcpy(last_error, tmp, sizeof last_error);
+    store_one_line(tmp);
     return code;
 }
 

@@ -1,6 +1,7 @@
 /*
  * test_registry_host_services.c — host/host_services.c: the berth_host table every plugin gets (every member
- * filled), the log format and level filter, set_error landing in the host's last error, and config_get/config_at
+ * filled), the log format and level filter, set_error landing in the host's last error (one line: control
+ * characters escaped), and config_get/config_at
  * reading the plugin's own section.
  */
 #include <check.h>
@@ -157,6 +158,14 @@ START_TEST(set_error_is_the_hosts_last_error)
     ck_assert_str_eq(berth_last_error(), "100% sure %s");
     host.set_error(host.ctx, BERTH_E_INVALID, NULL);
     ck_assert_str_eq(berth_last_error(), "(no message)");
+    /* A message quoting untrusted text stays one line: control characters become C escapes (the Gemma 4
+     * plugin quotes config.json values; fuzz_gemma4_config found a layer type with a newline in it). */
+    host.set_error(host.ctx, BERTH_E_INVALID,
+                   "config.json: layer_types.14 = 'full_att\ntion' is not a layer type\r\t\x01\x7f end");
+    ck_assert_str_eq(berth_last_error(),
+                     "config.json: layer_types.14 = 'full_att\\ntion' is not a layer type\\r\\t\\x01\\x7f end");
+    ck_assert_int_eq(berth_fail(BERTH_E_IO, "%s: %s", "a\nb", "\x1b[31m"), BERTH_E_IO);
+    ck_assert_str_eq(berth_last_error(), "a\\nb: \\x1b[31m");
 }
 END_TEST
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (Debian clang + libclang-rt-*-dev) under ASan + UBSan, apart from the
 # meson build, and optionally runs them: the tokenizer's loader and encode/decode, the safetensors header
-# (st_open) and the INI config (config_load) — the host's parsers of untrusted files.
+# (st_open), the INI config (config_load) and a checkpoint's config.json as the host and the Gemma 4 plugin read
+# it — the parsers of untrusted files.
 #   tests/fuzz/build.sh [OUT_DIR]                     build into OUT_DIR (default build-fuzz/)
 #   tests/fuzz/build.sh OUT_DIR run SECONDS [LOG_DIR]  build, then run each target SECONDS (logs in LOG_DIR)
 # A finding makes the run exit non-zero; its reproducer lands in OUT_DIR/crash-*.
@@ -21,7 +22,10 @@ done
   "$root/host/safetensors.c" "$root/host/errors.c" -ljansson
 "$CC" "${flags[@]}" -o "$out/fuzz_config_load" "$root/tests/fuzz/fuzz_config_load.c" \
   "$root/host/config.c" "$root/host/errors.c" -linih
-targets=(fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_safetensors_open fuzz_config_load)
+g4=("$root"/plugins/model-gemma4/gemma4_config.c "$root"/plugins/model-gemma4/gemma4_util.c)
+"$CC" "${flags[@]}" -I"$root/plugins/model-gemma4" -o "$out/fuzz_gemma4_config" "$root/tests/fuzz/fuzz_gemma4_config.c" \
+  "$root"/host/{checkpoint,json_path,safetensors,host_services,config,errors}.c "${g4[@]}" -ljansson -linih -lm
+targets=(fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_safetensors_open fuzz_config_load fuzz_gemma4_config)
 echo "built ${targets[*]/#/$out/}"
 if [ "${2:-}" = run ]; then
   secs=${3:-60} logs=${4:-$out}
@@ -43,6 +47,7 @@ if [ "${2:-}" = run ]; then
   run fuzz_tokenizer_encode 4096 corpus_encode || rc=1
   run fuzz_safetensors_open 4096 corpus_safetensors "$root/tests/fuzz/seeds_safetensors" || rc=1
   run fuzz_config_load 4096 corpus_config "$root/tests/fuzz/seeds_config" || rc=1
+  run fuzz_gemma4_config 16384 corpus_gemma4_config "$root/tests/fuzz/seeds_gemma4_config" || rc=1
   echo "ran $secs s each; logs in $logs"
   exit $rc
 fi
