@@ -2,7 +2,8 @@
 # Builds the libFuzzer targets with clang (Debian clang + libclang-rt-*-dev) under ASan + UBSan, apart from the
 # meson build, and optionally runs them: the tokenizer's loader and encode/decode, the safetensors header
 # (st_open), the INI config (config_load), a checkpoint's config.json as the host and the Gemma 4 plugin read
-# it, and tokenizer_config.json's chat template with a conversation (chat_render) — the parsers of untrusted files.
+# it, a sharded checkpoint's index (ckpt_open) and tokenizer_config.json's chat template with a conversation
+# (chat_render) — the parsers of untrusted files.
 #   tests/fuzz/build.sh [OUT_DIR]                     build into OUT_DIR (default build-fuzz/)
 #   tests/fuzz/build.sh OUT_DIR run SECONDS [LOG_DIR]  build, then run each target SECONDS (logs in LOG_DIR)
 # A finding makes the run exit non-zero; its reproducer lands in OUT_DIR/crash-*.
@@ -27,8 +28,10 @@ g4=("$root"/plugins/model-gemma4/gemma4_config.c "$root"/plugins/model-gemma4/ge
   "$root"/host/{checkpoint,json_path,safetensors,host_services,config,errors}.c "${g4[@]}" -ljansson -linih -lm
 "$CC" "${flags[@]}" -o "$out/fuzz_chat_template" "$root/tests/fuzz/fuzz_chat_template.c" "$root/host/chat_template.c" \
   "$root/host/errors.c" -ljansson
+"$CC" "${flags[@]}" -o "$out/fuzz_checkpoint_index" "$root/tests/fuzz/fuzz_checkpoint_index.c" \
+  "$root"/host/{checkpoint,json_path,safetensors,errors}.c -ljansson
 targets=(fuzz_tokenizer_load fuzz_tokenizer_encode fuzz_safetensors_open fuzz_config_load fuzz_gemma4_config
-         fuzz_chat_template)
+         fuzz_chat_template fuzz_checkpoint_index)
 echo "built ${targets[*]/#/$out/}"
 if [ "${2:-}" = run ]; then
   secs=${3:-60} logs=${4:-$out}
@@ -52,6 +55,7 @@ if [ "${2:-}" = run ]; then
   run fuzz_config_load 4096 corpus_config "$root/tests/fuzz/seeds_config" || rc=1
   run fuzz_gemma4_config 16384 corpus_gemma4_config "$root/tests/fuzz/seeds_gemma4_config" || rc=1
   run fuzz_chat_template 16384 corpus_chat "$root/tests/fuzz/seeds_chat" || rc=1
+  run fuzz_checkpoint_index 4096 corpus_index "$root/tests/fuzz/seeds_index" || rc=1
   echo "ran $secs s each; logs in $logs"
   exit $rc
 fi
