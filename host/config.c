@@ -522,8 +522,9 @@ static char *read_line(char *str, int num, void *stream)
         s += 3; /* UTF-8 byte order mark */
     while (*s == ' ' || *s == '\t')
         s++;
-    size_t len = strlen(s);
-    size_t content = len;
+    size_t content = strlen(s);
+    if (s + content < ps->linebuf + n) /* getline read past a NUL byte that strlen stops at */
+        fail_at(ps, BERTH_E_INVALID, ps->line, "line contains a NUL byte");
     while (content && (s[content - 1] == '\n' || s[content - 1] == '\r'))
         content--;
 
@@ -543,11 +544,14 @@ static char *read_line(char *str, int num, void *stream)
         return NULL;
     if (content > (size_t)num - 2) {
         fail_at(ps, BERTH_E_INVALID, ps->line, "line is longer than %d characters", num - 2);
-        len = (size_t)num - 2;
-        s[len++] = '\n';
+        content = (size_t)num - 2;
     }
-    memcpy(str, s, len);
-    str[len] = '\0';
+    /* inih gets the content and one '\n' whatever the line ended with: the copy is bounded by the content, never
+     * by the raw length (a short line followed by hundreds of '\r' overflowed inih's stack buffer here — found by
+     * tests/fuzz/fuzz_config_load). */
+    memcpy(str, s, content);
+    str[content] = '\n';
+    str[content + 1] = '\0';
 
     /* Section headers: inih only reports sections through their keys; we want empty ones and exact lines. The
      * name ends at the first ']' (an inline " ;" comment before it makes inih report a syntax error). */

@@ -147,6 +147,31 @@ START_TEST(syntax_errors)
     memset(text + n, 'h', 200);
     strcpy(text + n + 200, "\n");
     expect_error(text, BERTH_E_INVALID, "2: line is longer than 198 characters");
+    /* A short line ending in hundreds of '\r' is a short line: it once overflowed inih's line buffer (the copy went
+     * by the raw length; tests/fuzz/fuzz_config_load found it). Read as "host = h", and a longer line after it
+     * still gets its error. */
+    char cr[1024] = "[server]\nhost = h";
+    n = strlen(cr);
+    memset(cr + n, '\r', 600);
+    strcpy(cr + n + 600, "\nport = 9\n");
+    char *path;
+    struct berth_config *cfg = load_ok(cr, &path);
+    ck_assert_str_eq(cfg->server_host, "h");
+    ck_assert_int_eq(cfg->server_port, 9);
+    config_free(cfg);
+    free(path);
+    /* A NUL byte inside a line is an error naming the line, not a silently shortened value. */
+    {
+        static const char nul[] = "[server]\nhost = a\0b\n";
+        path = ts_write_bytes(tmp, "berth.ini", nul, sizeof nul - 1);
+        cfg = (void *)1;
+        ck_assert_int_eq(config_load(path, &cfg), BERTH_E_INVALID);
+        ck_assert_ptr_null(cfg);
+        char *want = ts_fmt("%s:2: line contains a NUL byte", path);
+        ck_assert_str_eq(berth_last_error(), want);
+        free(want);
+        free(path);
+    }
 }
 END_TEST
 

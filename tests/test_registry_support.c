@@ -67,6 +67,16 @@ char *ts_write(const char *dir, const char *name, const char *text)
     return p;
 }
 
+char *ts_write_bytes(const char *dir, const char *name, const void *data, size_t n)
+{
+    char *p = ts_fmt("%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    ck_assert_msg(f != NULL, "cannot write %s: %s", p, strerror(errno));
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    fclose(f);
+    return p;
+}
+
 char *ts_read(const char *path)
 {
     FILE *f = fopen(path, "rb");

@@ -5,6 +5,8 @@
 #ifndef BERTH_TEST_REGISTRY_SUPPORT_H
 #define BERTH_TEST_REGISTRY_SUPPORT_H
 
+#include <stddef.h>
+
 /* $BERTH_BUILD_ROOT / $BERTH_SOURCE_ROOT (set by tests/meson.build); aborts the test when unset. */
 const char *ts_build_root(void);
 const char *ts_source_root(void);
@@ -17,6 +19,8 @@ char *ts_tmpdir(void);
 void ts_rmtree(const char *dir);
 /* Write text to dir/name; returns the path (caller frees). */
 char *ts_write(const char *dir, const char *name, const char *text);
+/* The same for n bytes that may hold NULs. Caller frees the path. */
+char *ts_write_bytes(const char *dir, const char *name, const void *data, size_t n);
 /* Whole file as a string, or NULL. Caller frees. */
 char *ts_read(const char *path);
 /* printf into a new string. Caller frees. */
