@@ -7,29 +7,11 @@
  * role (system, user, assistant, tool, or an unknown one). Build and run: tests/fuzz/build.sh.
  */
 #include <jansson.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "chat_template.h"
-#include "errors.h"
+#include "fuzz_util.h"
 
 #define MAX_MSGS 16
-
-static void check(int ok, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_chat_template: %s\n", what);
-        abort();
-    }
-}
-
-static void one_line_error(void)
-{
-    const char *msg = berth_last_error();
-    check(msg && msg[0] && !strchr(msg, '\n'), "a refusal without a one-line message");
-}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -60,7 +42,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     berth_status st = chat_template_from_config(cfg, "tokenizer_config.json", fmt, &t);
     json_decref(cfg);
     if (st != BERTH_OK) {
-        one_line_error();
+        fuzz_require_one_line_error();
         free(buf);
         return 0;
     }
@@ -74,10 +56,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char *out = NULL;
     st = chat_render(&t, msgs, n, add_gen, thinking, &out);
     if (st != BERTH_OK) {
-        one_line_error();
-        check(out == NULL, "a failed render that still returned text");
+        fuzz_require_one_line_error();
+        fuzz_require(out == NULL, "a failed render that still returned text");
     } else {
-        check(out != NULL, "a render without text");
+        fuzz_require(out != NULL, "a render without text");
         free(out);
     }
     chat_template_free(&t);

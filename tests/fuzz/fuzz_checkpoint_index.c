@@ -8,33 +8,17 @@
  * (seeds: tests/fuzz/seeds_index/).
  */
 #include <jansson.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
-#include "errors.h"
-
-static void check(int ok, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_checkpoint_index: %s\n", what);
-        abort();
-    }
-}
+#include "fuzz_util.h"
 
 static int write_file(const char *dir, const char *name, const void *p, size_t n)
 {
     char path[160];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    fwrite(p, 1, n, f);
-    fclose(f);
-    return 1;
+    return fuzz_write_file(path, p, n);
 }
 
 /* A safetensors file: the 8-byte length, the header padded with spaces to a multiple of 8, data_len bytes. */
@@ -72,16 +56,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!write_file(dir, "model.safetensors.index.json", data, size)) return 0;
     berth_checkpoint *ck = NULL;
     if (ckpt_open(dir, &ck) != BERTH_OK) {
-        const char *msg = berth_last_error();
         if (getenv("FUZZ_VERBOSE")) /* reproduce one input by hand */
-            fprintf(stderr, "fuzz_checkpoint_index: refused: %s\n", msg);
-        check(msg && msg[0] && !strchr(msg, '\n'), "a refusal without a one-line message");
-        check(ck == NULL, "a refusal that still returned a checkpoint");
+            fprintf(stderr, "fuzz_checkpoint_index: refused: %s\n", berth_last_error());
+        fuzz_require_one_line_error();
+        fuzz_require(ck == NULL, "a refusal that still returned a checkpoint");
         return 0;
     }
     json_t *index = json_loadb((const char *)data, size, 0, NULL);
     const json_t *wmap = json_object_get(index, "weight_map");
-    check(json_is_object(wmap) && ckpt_svc_tensor_count(NULL, ck) == (int64_t)json_object_size(wmap),
+    fuzz_require(json_is_object(wmap) && ckpt_svc_tensor_count(NULL, ck) == (int64_t)json_object_size(wmap),
           "an accepted index whose weight_map does not list exactly the checkpoint's tensors");
     json_decref(index);
     if (getenv("FUZZ_VERBOSE"))

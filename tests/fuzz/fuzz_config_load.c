@@ -4,30 +4,17 @@
  * way the host reads it (every known section, a few keys, plugin paths resolved) and freed, under ASan + UBSan.
  * Build and run: tests/fuzz/build.sh (seeds: tests/fuzz/seeds_config/, the repository's configs).
  */
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
-#include "errors.h"
+#include "fuzz_util.h"
 
 /* config.c's only use of the host services: warnings, dropped here */
 void host_log(int32_t level, const char *fmt, ...)
 {
     (void)level;
     (void)fmt;
-}
-
-static void check(int ok, const char *what)
-{
-    if (!ok) {
-        fprintf(stderr, "fuzz_config_load: %s\n", what);
-        abort();
-    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -38,16 +25,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mkdir(dir, 0700);
         snprintf(path, sizeof path, "%s/berth.ini", dir);
     }
-    FILE *fp = fopen(path, "wb");
-    if (!fp) return 0;
-    fwrite(data, 1, size, fp);
-    fclose(fp);
+    if (!fuzz_write_file(path, data, size)) return 0;
     struct berth_config *cfg = NULL;
     if (config_load(path, &cfg) != BERTH_OK) {
         const char *msg = berth_last_error();
-        check(msg && !strncmp(msg, path, strlen(path)) && !strchr(msg, '\n'),
+        fuzz_require(msg && !strncmp(msg, path, strlen(path)) && !strchr(msg, '\n'),
               "a refusal whose message does not start with the file's path, or spans lines");
-        check(cfg == NULL, "a refusal that still returned a config");
+        fuzz_require(cfg == NULL, "a refusal that still returned a config");
         return 0;
     }
     static const char *const sections[] = {"plugins", "model", "kv", "scheduler", "server", "backend.cpu",
@@ -63,7 +47,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             }
         }
     }
-    check(cfg->kv_block_size > 0 && cfg->sched_max_batch_tokens > 0 && cfg->sched_max_seqs > 0,
+    fuzz_require(cfg->kv_block_size > 0 && cfg->sched_max_batch_tokens > 0 && cfg->sched_max_seqs > 0,
           "an accepted config with a non-positive [kv] block_size or [scheduler] size");
     config_free(cfg);
     return 0;

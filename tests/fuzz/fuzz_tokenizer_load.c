@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fuzz_util.h"
 #include "tokenizer.h"
 
 static const char sample[] = "Hello wörld! <s> 12345 \xe2\x82\xac \xf0\x9f\xa4\x96 tab\there\n\nend";
@@ -17,10 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     static char path[64];
     if (!path[0]) snprintf(path, sizeof path, "/tmp/berth_fuzz_load_%d.json", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f) return 0;
-    fwrite(data, 1, size, f);
-    fclose(f);
+    if (!fuzz_write_file(path, data, size)) return 0;
     berth_tokenizer *t;
     if (tok_load(path, NULL, &t) != BERTH_OK) return 0;
     for (int add = 0; add < 2; add++) {
