@@ -130,6 +130,18 @@ __device__ __forceinline__ void prologue(const params &p, int s, unsigned char *
     }
 }
 
+/* Where x-read i of thread threadIdx.x of block blk reads the previous output when it depends on all of its
+ * producers (fanin 1), and the value it writes at output i of its slice from the sum xs of its reads and tot (the
+ * slice's weight checksum): shared by body() and tail_body(), so that the tails' outputs are the chain's bits. */
+__device__ __forceinline__ int x_index_all(const params &p, int blk, int i)
+{
+    return (int)(((int64_t)(blk + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
+}
+__device__ __forceinline__ float out_value(const params &p, float xs, uint32_t tot, int i)
+{
+    return 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
+}
+
 /* Everything of stage s after its dependency is met: read the previous output's slice, stream the rest of the
  * weights through the ring, write this block's slice of the output. */
 __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring, int blk)
@@ -145,7 +157,7 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
     for (int i = 0; i < p.xread; i++) {
         int idx;
         if (p.fanin == 1) {
-            idx = (int)(((int64_t)(blk + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS);
+            idx = x_index_all(p, blk, i);
         } else { /* only from this block's group of producers */
             const int nb = p.bpg / p.fanin, g = blk % p.fanin;
             const int b = g + p.fanin * (int)((blk / p.fanin + i * 7 + threadIdx.x) % nb);
@@ -179,7 +191,7 @@ __device__ __forceinline__ void body(const params &p, int s, unsigned char *ring
         tot += wsum[i];
     const int mine = blk == p.bpg - 1 ? XFLOATS - blk * per_out : per_out;
     for (int i = threadIdx.x; i < mine; i += THREADS)
-        xout[blk * per_out + i] = 0.5f * xs / (float)p.xread + (float)((tot + i) & 1023) * (1.0f / 1024.0f);
+        xout[blk * per_out + i] = out_value(p, xs, tot, i);
     __syncthreads(); /* the ring and wsum are free again */
 }
 
@@ -201,7 +213,7 @@ __device__ __forceinline__ void tail_body(const params &p, int s, int b0)
         for (int k = 0; k < TAIL_MAX; k++) {
             const int b = b0 + k * p.tail_blocks;
             if (b < p.bpg)
-                xs[k] += __ldcg(xin + (int)(((int64_t)(b + i * p.bpg) * THREADS + threadIdx.x) * 97 % XFLOATS));
+                xs[k] += __ldcg(xin + x_index_all(p, b, i)); /* --tail needs --fanin 1 */
         }
     }
 #pragma unroll
@@ -211,7 +223,7 @@ __device__ __forceinline__ void tail_body(const params &p, int s, int b0)
             break;
         const int mine = b == p.bpg - 1 ? XFLOATS - b * per_out : per_out;
         for (int i = threadIdx.x; i < mine; i += THREADS)
-            xout[b * per_out + i] = 0.5f * xs[k] / (float)p.xread + (float)(i & 1023) * (1.0f / 1024.0f);
+            xout[b * per_out + i] = out_value(p, xs[k], 0, i); /* no bytes: the checksum is 0 */
     }
 }
 
@@ -420,14 +432,22 @@ int main(int argc, char **argv)
     CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
     params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks};
 
-    /* the chain: S launches with PDL */
-    cudaGraphExec_t g_chain, g_pers, g_call, g_floor;
-    {
+    /* A chain graph: one PDL launch per stage not folded, writing into x; a launch whose next stage is folded does
+     * it as its tail (the counters zeroed first). Returns the launches made. */
+    auto capture_chain = [&](float *x, const std::vector<char> &folded, cudaGraphExec_t *out) {
+        const bool any = std::find(folded.begin(), folded.end(), 1) != folded.end();
         cudaGraph_t g;
+        int launches = 0;
         CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeThreadLocal));
+        if (any)
+            CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S * fanin, str));
         for (int s = 0; s < S; s++) {
+            if (folded[s])
+                continue;
             params q = p;
+            q.x = x;
             q.s0 = s;
+            q.tail = s + 1 < S && folded[s + 1];
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(G);
             cfg.blockDim = dim3(THREADS);
@@ -439,11 +459,17 @@ int main(int argc, char **argv)
             cfg.attrs = at;
             cfg.numAttrs = s > 0 && pdl ? 1 : 0;
             CK(cudaLaunchKernelEx(&cfg, chain_kernel, q));
+            launches++;
         }
         CK(cudaStreamEndCapture(str, &g));
-        CK(cudaGraphInstantiate(&g_chain, g, 0));
+        CK(cudaGraphInstantiate(out, g, 0));
         CK(cudaGraphDestroy(g));
-    }
+        return launches;
+    };
+
+    /* the chain: S launches with PDL */
+    cudaGraphExec_t g_chain, g_pers, g_call, g_floor;
+    capture_chain(xa, std::vector<char>(S, 0), &g_chain);
     /* the chain with byte-less stages folded into the stage before them (--tail) */
     cudaGraphExec_t g_tail = nullptr;
     float *xd = nullptr;
@@ -458,33 +484,7 @@ int main(int argc, char **argv)
             for (int k = 0; k < 5; k++)
                 if ((tail >> k & 1) && s % 12 == pos_of_bit[k] && sb[s] == 0 && sb[s - 1] > 0)
                     folded[s] = 1;
-        cudaGraph_t g;
-        CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeThreadLocal));
-        CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S * fanin, str));
-        launches_tail = 0;
-        for (int s = 0; s < S; s++) {
-            if (folded[s])
-                continue;
-            params q = p;
-            q.x = xd;
-            q.s0 = s;
-            q.tail = s + 1 < S && folded[s + 1];
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(G);
-            cfg.blockDim = dim3(THREADS);
-            cfg.dynamicSmemBytes = smem_bytes;
-            cfg.stream = str;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-            at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = s > 0 && pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, chain_kernel, q));
-            launches_tail++;
-        }
-        CK(cudaStreamEndCapture(str, &g));
-        CK(cudaGraphInstantiate(&g_tail, g, 0));
-        CK(cudaGraphDestroy(g));
+        launches_tail = capture_chain(xd, folded, &g_tail);
     }
     for (int call = 0; call < 2; call++) {
         cudaGraph_t g;
