@@ -25,6 +25,10 @@ berth_status cu_att_prof_report(berth_backend *be, berth_stream *s, unsigned lon
 /* BERTH_CUDA_ATT_PROF=graph, while a graph is captured: a region of the stream's arena for the stamps of this
  * launch (`what` names it in the report); NULL when not capturing in that mode or the arena is full. */
 unsigned long long *cu_att_prof_graph(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what);
+/* The stamps of a launch about to be made, whichever way BERTH_CUDA_ATT_PROF asks: the stream's zeroed buffer in an
+ * eager call with =1 (cu_att_prof_buffer; report it after the launch with cu_att_prof_report), a region of the
+ * graph arena while capturing with =graph (cu_att_prof_graph), else NULL. */
+unsigned long long *cu_att_prof_for(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what);
 
 /* Device side: thread 0 of the block records the global timer as stamp k of its `stamps` in prof (NULL: nothing). */
 static __device__ __forceinline__ void cu_att_stamp(unsigned long long *prof, int stamps, int k)

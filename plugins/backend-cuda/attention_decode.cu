@@ -1040,13 +1040,11 @@ berth_status cu_attention_decode_fast(berth_backend *be, berth_stream *s, const 
     a.recv_off = (uint32_t)pl.recv_off;
 
     char what[128] = "";
-    if (BERTH_ADC_STAMPS && be->att_prof != CU_ATT_PROF_OFF)
+    if (BERTH_ADC_STAMPS && be->att_prof != CU_ATT_PROF_OFF) {
         snprintf(what, sizeof what, "attn_decode_cluster d%d T=%d cs=%d hg=%d nrw=%d warps=%d blocks=%d", D, a.T,
                  pl.cs, pl.hg, pl.nrw, k.threads / 32, (int)blocks);
-    if (BERTH_ADC_STAMPS && be->att_prof == CU_ATT_PROF_EAGER && !be->capturing) /* the stream's stamp buffer, zero */
-        a.prof = cu_att_prof_buffer(be, s, blocks, ADC_STAMPS);
-    else if (BERTH_ADC_STAMPS && be->att_prof == CU_ATT_PROF_GRAPH)
-        a.prof = cu_att_prof_graph(be, s, blocks, ADC_STAMPS, what);
+        a.prof = cu_att_prof_for(be, s, blocks, ADC_STAMPS, what);
+    }
 
     /* clusters of pl.cs blocks (none when pl.cs is 1), with PDL when enabled */
     const dim3 cluster(pl.cs > 1 ? (unsigned)pl.cs : 1u, 1, 1);

@@ -704,15 +704,20 @@ static int adm_dp(int dmax)
     return dmax <= 64 ? 64 : dmax <= 128 ? 128 : dmax <= 256 ? 256 : 512;
 }
 
+template <int STG>
+static size_t adm_bt_off(int dp)
+{
+    switch (dp) {
+    case 64: return adm_cfg<64, STG>::bt_off;
+    case 128: return adm_cfg<128, STG>::bt_off;
+    case 256: return adm_cfg<256, STG>::bt_off;
+    default: return adm_cfg<512, STG>::bt_off;
+    }
+}
+
 static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES)
 {
-    size_t off = 0;
-    switch (dp) {
-    case 64: off = stg == 2 ? adm_cfg<64, 2>::bt_off : adm_cfg<64>::bt_off; break;
-    case 128: off = stg == 2 ? adm_cfg<128, 2>::bt_off : adm_cfg<128>::bt_off; break;
-    case 256: off = stg == 2 ? adm_cfg<256, 2>::bt_off : adm_cfg<256>::bt_off; break;
-    default: off = stg == 2 ? adm_cfg<512, 2>::bt_off : adm_cfg<512>::bt_off; break;
-    }
+    const size_t off = stg == 2 ? adm_bt_off<2>(dp) : adm_bt_off<ADM_STAGES>(dp);
     return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
 }
 
@@ -775,6 +780,13 @@ unsigned long long *cu_att_prof_buffer(berth_backend *be, berth_stream *s, int64
             (void)cudaGetLastError(); /* no stamps this call; not a launch error */
     }
     return s->att_prof_cap >= need ? s->att_prof : nullptr;
+}
+
+unsigned long long *cu_att_prof_for(berth_backend *be, berth_stream *s, int64_t blocks, int stamps, const char *what)
+{
+    if (be->att_prof == CU_ATT_PROF_EAGER && !be->capturing)
+        return cu_att_prof_buffer(be, s, blocks, stamps);
+    return cu_att_prof_graph(be, s, blocks, stamps, what); /* NULL unless =graph and capturing */
 }
 
 /* Appends to msg (n characters so far, cap in all) " K:MIN/MED/MAX(COUNT)" per stamp K of t ([blocks][stamps]
@@ -1035,13 +1047,10 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.late = be->att_trigger == CU_ATT_TRIGGER_LATE;
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
     char what[96] = "";
-    if (be->att_prof != CU_ATT_PROF_OFF)
+    if (be->att_prof != CU_ATT_PROF_OFF) {
         snprintf(what, sizeof what, "attn_decode_mma d%d T=%d ns=%d blocks=%d", dp, a.T, a.ns, (int)blocks);
-    if (be->att_prof == CU_ATT_PROF_EAGER && !be->capturing) /* the stream's stamp buffer, zero (here or after the
-                                                              * last report) */
-        a.prof = cu_att_prof_buffer(be, s, blocks, ADM_STAMPS);
-    else if (be->att_prof == CU_ATT_PROF_GRAPH)
-        a.prof = cu_att_prof_graph(be, s, blocks, ADM_STAMPS, what);
+        a.prof = cu_att_prof_for(be, s, blocks, ADM_STAMPS, what);
+    }
     berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
                                "attn_decode_mma_kernel");
     if (st == BERTH_OK && a.merge_kernel)

@@ -59,7 +59,7 @@
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
 #ifdef BERTH_SK_STAMPS
-#include "attention_args.cuh" /* cu_att_prof_buffer / cu_att_prof_report */
+#include "attention_args.cuh" /* cu_att_prof_for / cu_att_prof_report */
 #endif
 
 #include <cooperative_groups.h>
@@ -1055,10 +1055,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     char what[160];
     snprintf(what, sizeof what, "skinny M=%d N=%d K=%d grid=%lldx%dx%d bn=%d xh=%d glu=%d", (int)M, (int)Nout, (int)K,
              (long long)cb, pl.splits, groups, pl.bn, a.xh != NULL, glu);
-    if (be->att_prof == CU_ATT_PROF_EAGER && !be->capturing)
-        a.prof = cu_att_prof_buffer(be, s, pl.blocks, SK_STAMPS);
-    else if (be->att_prof == CU_ATT_PROF_GRAPH)
-        a.prof = cu_att_prof_graph(be, s, pl.blocks, SK_STAMPS, what);
+    a.prof = cu_att_prof_for(be, s, pl.blocks, SK_STAMPS, what);
 #endif
     cudaError_t e = sk_prepare(pl);
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
