@@ -8,7 +8,9 @@ per tensor-core decode attention launch: the kernel before it (kv_append, or the
 layers) and when it ends, the attention's start and end, how long after that kernel the attention ends (its
 exposed time) and when its merge kernel starts relative to that kernel's end. The merge kernel is launched when
 the attention's last block has started (the attention triggers at its start), so "merge start" near 0 says the
-attention's last blocks became resident only when the kernel before them left (bench/RESULTS.md session 21).
+attention's last blocks became resident only when the kernel before them left (bench/RESULTS.md session 21) — under
+the tracer: inside an untraced graph the attention's own stamps (BERTH_CUDA_ATT_PROF=graph) showed every block
+resident early (session 22), so read this as the traced run's timeline only.
 Times in us from the replay's first kernel start; a summary of the medians follows.
 """
 import collections
