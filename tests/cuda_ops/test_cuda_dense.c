@@ -535,6 +535,14 @@ static const struct sk_case sk_cases[] = {
     {64, 1536, 256, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_MUL, SK_GELU, 1},
     {5, 264, 37, F16, 1 + F32, 0, XV_PACKED, 0, BERTH_NORM_UNIT, BF16, SK_MUL, SK_SILU, 0},
     {48, 1536, 300, BF16, 0, 0, XV_PADDED, 0, 0, BF16, SK_MUL, SK_GELU, 2},
+    /* 9..32 rows, big N without a K split (the XH instances' unsplit 32-row tiles over several waves, as Gemma 4's
+     * gate|up at 32 sequences), K of E2B / E4B / odd tails */
+    {32, 1536, 6144, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_HALVES, SK_GELU, 0},
+    {17, 1536, 12288, BF16, 1 + F32, 0, XV_PADDED, 1, 0, BF16, SK_HALVES, SK_GELU, 0},
+    {32, 2560, 10240, F16, 0, 1, XV_PACKED, 0, 0, BF16, 0, 0, 0},
+    {10, 1000, 9000, BF16, 0, 0, XV_3D, 0, 0, BF16, 0, 0, 0},
+    {24, 520, 9000, BF16, 0, 0, XV_PACKED, 0, 0, BF16, SK_MUL, SK_GELU, 2},
+    {32, 4096, 9000, BF16, 0, 0, XV_PACKED, 0, 0, BF16, 0, 0, 0},
 };
 #define N_SK_CASES ((int)(sizeof sk_cases / sizeof sk_cases[0]))
 
