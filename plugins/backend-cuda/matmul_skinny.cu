@@ -394,37 +394,58 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8; NULL rows (past N) are never
      * loaded — their smem rows hold garbage that only reaches outputs nobody stores. */
     const int wc = t & 7;
-    const char *wrow[C::WCH];
+    /* Each chunk's source and shared-memory offset are fixed for the kernel: the k loop adds only the k offset and
+     * issues every copy without a branch (a row past N, or past the group's Mb, takes a zero-byte copy from a valid
+     * address: zeros there, which reach only outputs nobody stores). Written with a branch and the addresses
+     * rebuilt per tile, the loop was 151 instructions per warp and tile at the 32-row XH instance for 16 that move
+     * or multiply data (bench/RESULTS.md session 23). */
+    const char *wsrc[C::WCH];
+    uint32_t wdst[C::WCH];
+    bool wok[C::WCH];
 #pragma unroll
     for (int j = 0; j < C::WCH; j++) {
         const int r = j * (THREADS / 8) + (t >> 3);
         const int o = n0 + (halves && r >= BN / 2 ? r - BN / 2 : r);
         const int64_t row = halves && r >= BN / 2 ? (int64_t)a.N + o : o;
-        wrow[j] = o < a.N ? a.w + row * a.ldw + wc * 16 : nullptr;
+        wok[j] = o < a.N;
+        wsrc[j] = wok[j] ? a.w + row * a.ldw + wc * 16 : a.w;
+        wdst[j] = sk_swz(r, wc);
     }
     auto load_w = [&](int kt, int s) {
         const uint32_t ws = base + s * C::STAGE;
         const bool in = kt * SK_BK + wc * 8 < a.K; /* chunks past K are zero-filled */
 #pragma unroll
-        for (int j = 0; j < C::WCH; j++)
-            if (wrow[j])
-                sk_cp16(ws + sk_swz(j * (THREADS / 8) + (t >> 3), wc), in ? wrow[j] + kt * (SK_BK * 2) : wrow[j],
-                        in ? 16 : 0);
+        for (int j = 0; j < C::WCH; j++) {
+            const bool on = in && wok[j];
+            sk_cp16(ws + wdst[j], wsrc[j] + (on ? kt * (SK_BK * 2) : 0), on ? 16 : 0);
+        }
     };
+    /* XH: this thread's x chunks (row m, 16-byte column chunk c of each k tile), as the w chunks */
+    constexpr int XHC = XH ? MP * 8 / THREADS : 1;
+    [[maybe_unused]] const uint16_t *xsrc[XHC];
+    [[maybe_unused]] uint32_t xdst[XHC];
+    [[maybe_unused]] bool xok[XHC];
+    [[maybe_unused]] const int xc8 = (t & 7) * 8;
+    if constexpr (XH) {
+#pragma unroll
+        for (int j = 0; j < XHC; j++) {
+            const int q = j * THREADS + t, m = q >> 3;
+            xok[j] = m < Mb;
+            xsrc[j] = a.xh + (int64_t)(mz + (xok[j] ? m : 0)) * a.ldxh + xc8;
+            xdst[j] = sk_swz(m, q & 7);
+        }
+    }
     /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are never loaded (the conversion
-     * writes zeros for them; under XH they hold stale bytes, which reach only the B columns of rows never stored),
-     * columns past K are zero-filled. */
+     * writes zeros for them; under XH they are zero-filled), columns past K are zero-filled. */
     auto load_x = [&](int kt, int s) {
         const uint32_t xs = base + s * C::STAGE + C::WBYTES;
         const int k0 = kt * SK_BK;
         if constexpr (XH) { /* 8 chunks of 16 bytes per row, straight into the swizzled tile (K % 8 == 0) */
+            const bool in = k0 + xc8 < a.K;
 #pragma unroll
-            for (int j = 0; j < MP * 8 / THREADS; j++) {
-                const int q = j * THREADS + t, m = q >> 3, c = q & 7;
-                const bool in = k0 + c * 8 < a.K;
-                const uint16_t *row = a.xh + (int64_t)(mz + m) * a.ldxh;
-                if (m < Mb)
-                    sk_cp16(xs + sk_swz(m, c), in ? row + k0 + c * 8 : row, in ? 16 : 0);
+            for (int j = 0; j < XHC; j++) {
+                const bool on = in && xok[j];
+                sk_cp16(xs + xdst[j], xsrc[j] + (on ? k0 : 0), on ? 16 : 0);
             }
         } else {
             if (a.xvec) {
