@@ -391,14 +391,15 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     const uint32_t xb = base + S * C::STAGE;
     float *const ssp = reinterpret_cast<float *>(sk_smem + S * C::STAGE + C::XB);
 
-    /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8; NULL rows (past N) are never
-     * loaded — their smem rows hold garbage that only reaches outputs nobody stores. */
+    /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8. Each chunk's source and
+     * shared-memory offset are fixed for the kernel: the k loop adds only the k offset and issues every copy
+     * without a branch. A row past N (w) or past the group's Mb (x) takes a zero-byte copy from its tensor's first
+     * row (zeros in shared memory, which reach only outputs nobody stores); a chunk past K takes a zero-byte copy
+     * from its k offset 0 — inside the row for w, while an x chunk's offset (xc8, up to 56 elements) can point past
+     * a row shorter than 64 elements, even past the last row: nothing is read through it (0 bytes), but it is not
+     * a valid address. Written with a branch and the addresses rebuilt per tile, the loop was 151 instructions per
+     * warp and tile at the 32-row XH instance for 16 that move or multiply data (bench/RESULTS.md session 23). */
     const int wc = t & 7;
-    /* Each chunk's source and shared-memory offset are fixed for the kernel: the k loop adds only the k offset and
-     * issues every copy without a branch (a row past N, or past the group's Mb, takes a zero-byte copy from a valid
-     * address: zeros there, which reach only outputs nobody stores). Written with a branch and the addresses
-     * rebuilt per tile, the loop was 151 instructions per warp and tile at the 32-row XH instance for 16 that move
-     * or multiply data (bench/RESULTS.md session 23). */
     const char *wsrc[C::WCH];
     uint32_t wdst[C::WCH];
     bool wok[C::WCH];
@@ -435,8 +436,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
             xdst[j] = sk_swz(m, q & 7);
         }
     }
-    /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are never loaded (the conversion
-     * writes zeros for them; under XH they are zero-filled), columns past K are zero-filled. */
+    /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are zero-filled under XH, never
+     * loaded otherwise (the conversion writes zeros for them); columns past K are zero-filled. */
     auto load_x = [&](int kt, int s) {
         const uint32_t xs = base + s * C::STAGE + C::WBYTES;
         const int k0 = kt * SK_BK;
