@@ -21,18 +21,24 @@ import subprocess
 import sys
 
 FUNC = re.compile(r"^\s*Function : (\S+)")
+ARCH = re.compile(r"^\s*code for (sm_\w+)")
 INSN = re.compile(r"^\s*/\*([0-9a-f]{4,6})\*/\s+(.*?)\s*;")
 BRANCH = re.compile(r"\bBRA\s+(?:`\(\.L_x_\d+\)|0x([0-9a-f]+))")
 FLAGS = ("S2R", "S2UR", "BSSY", "BSYNC")
 
 
 def parse(text):
-    """{function name: [(address, instruction text)]} in code order."""
-    funcs, cur = {}, None
+    """{function name [arch]: [(address, instruction text)]} in code order (one entry per image: a plugin with
+    sm_90 and sm_90a cubins holds two copies of a kernel at different addresses)."""
+    funcs, cur, arch = {}, None, ""
     for line in text.splitlines():
+        m = ARCH.match(line)
+        if m:
+            arch = m.group(1)
+            continue
         m = FUNC.match(line)
         if m:
-            cur = funcs.setdefault(m.group(1), [])
+            cur = funcs.setdefault(f"{m.group(1)} [{arch}]" if arch else m.group(1), [])
             continue
         m = INSN.match(line)
         if m and cur is not None:
@@ -59,7 +65,7 @@ def mma_loops(code, outer=False):
         if target >= addr:
             continue
         body = [x for a, x in code[: i + 1] if a >= target]
-        if any(opcode(x).startswith("HMMA") for x in body):
+        if any(opcode(x).startswith(("HMMA", "HGMMA")) for x in body):
             loops.append((target, addr, body))
     if not outer:
         loops = [l for l in loops
@@ -95,8 +101,9 @@ def main():
             ops = [opcode(x) for x in body]
             count = lambda p: sum(1 for o in ops if o.startswith(p))
             flags = " ".join(f"{f} {count(f)}" for f in FLAGS if count(f))
+            hop = f", HGMMA {count('HGMMA')}, UTMALDG {count('UTMALDG')}" if count("HGMMA") else ""
             print(f"  loop 0x{start:x}-0x{end:x}: {len(body)} instructions, HMMA {count('HMMA')}, "
-                  f"LDSM {count('LDSM')}, LDGSTS {count('LDGSTS')}" + (f"  !! {flags}" if flags else ""))
+                  f"LDSM {count('LDSM')}, LDGSTS {count('LDGSTS')}{hop}" + (f"  !! {flags}" if flags else ""))
 
 
 if __name__ == "__main__":

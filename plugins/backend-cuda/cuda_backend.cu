@@ -402,6 +402,19 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->skinny_small_xh = env_flag(host, "BERTH_CUDA_SKINNY_SMALL_XH", 1);
     be->skinny_unsplit_waves = env_int(host, "BERTH_CUDA_SKINNY_UNSPLIT_WAVES", 0, 64, 1, 0, "0 (always) or 1..64");
     be->skinny_trim = env_flag(host, "BERTH_CUDA_SKINNY_TRIM", 0);
+    be->skinny_wgmma = env_int(host, "BERTH_CUDA_SKINNY_WGMMA", 0, 2, 1, 1, "0, 1 (wgmma) or 2 (wgmma + TMA)");
+    /* the TMA instances' tensor maps are encoded by the driver (cuTensorMapEncodeTiled, CUDA 12.0), reached
+     * through the runtime so that the plugin does not link libcuda itself; without it they fall back to cp.async */
+    {
+        void *fn = NULL;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            be->tmap_encode = fn;
+        else
+            (void)cudaGetLastError();
+    }
     be->xshadow = env_flag(host, "BERTH_CUDA_XSHADOW", 1);
     /* Small copies as kernels (copy.cu) need pinned memory mapped at the same address: unified addressing. */
     be->copy_kernel = env_flag(host, "BERTH_CUDA_COPY_KERNEL", 1) && prop.unifiedAddressing;
@@ -425,7 +438,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     /* Products that need no K split (gate|up, the LM head: many column blocks) in blocks of 32 rows of w where that
      * tile exists (x already rounded: above CU_SKINNY_MAX_M rows): twice as many blocks, which get resident beside their
      * neighbours under PDL — E2B decode at 32 sequences +1.35% (7 of 7 rounds), 16 and 64 even (bench/RESULTS.md
-     * session 18; a wider, single-wave tiling was 5.5% slower there). */
+     * session 18; a wider, single-wave tiling was 5.5% slower there). Also on the wgmma instances, where a 32-row
+     * tile pads each wgmma's 64 rows with 32 unused ones: 64 there measured +0.9% in one same-call A/B and -0.8% in
+     * the next (session 24) — noise, so the finer grid stays. */
     be->skinny_bn_unsplit = env_choice(host, "BERTH_CUDA_SKINNY_BN_UNSPLIT", ENV_NAMES(bn), 32,
                                        "32, 64, 128, 256 or auto");
     /* Off by default: on the H200 the fused tail measured slower than the second launch (E2B batch 1: 420 against

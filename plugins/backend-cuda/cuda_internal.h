@@ -216,6 +216,11 @@ struct berth_backend {
                                  * has asks for only the shared memory it touches, so that neighbouring kernels' blocks
                                  * fit beside it under PDL (env BERTH_CUDA_SKINNY_TRIM=0|1, read at init; default 0
                                  * until measured) */
+    int skinny_wgmma;           /* matmul_skinny.cu: the 32- and 64-row-tile XH products at 9-32 rows on the wgmma
+                                 * instances, 2: with the ring filled by TMA (env BERTH_CUDA_SKINNY_WGMMA=0|1|2, read
+                                 * at init; default 1: +1-2% at 32 sequences, bench/RESULTS.md session 24; 2 measured
+                                 * slower than 1) */
+    void *tmap_encode;          /* the driver's cuTensorMapEncodeTiled (PFN_cuTensorMapEncodeTiled_v12000), or NULL */
     int skinny_small_xh;        /* matmul_skinny.cu: the small products above skinny_max_m rows on the XH instances
                                  * (x rounded once) instead of f32 x, and a small gated product writes the x shadow of
                                  * its successor (env BERTH_CUDA_SKINNY_SMALL_XH=0|1, read at init; default 1) */

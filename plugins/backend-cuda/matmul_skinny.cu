@@ -47,7 +47,8 @@
  * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 32 / 64 / 128 / 256 fixes the tile width,
- * BERTH_CUDA_SKINNY_BN_UNSPLIT (default 32) that of products without a K split (see sk_choose);
+ * BERTH_CUDA_SKINNY_BN_UNSPLIT (default 32) that of products without a K split (see sk_choose); BERTH_CUDA_SKINNY_WGMMA 0 / 1 (default) / 2: the 32-row-x XH products on mma.sync, on wgmma with
+ * the ring filled by cp.async, or by TMA (sm_90a image only: elsewhere the twins run mma.sync);
  * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
  * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape);
  * BERTH_CUDA_SKINNY_PLAIN (0 off, else the bound; default CU_SKINNY_PLAIN_M) does the same for products without any
@@ -63,6 +64,15 @@
 #endif
 
 #include <cooperative_groups.h>
+#include <cudaTypedefs.h> /* PFN_cuTensorMapEncodeTiled_v12000 */
+#include <cuda.h> /* CUtensorMap (the TMA instances' descriptors; encoded through the runtime's driver entry point) */
+
+/* wgmma (sm_90a only): compiled where nvcc targets the architecture-specific features */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define SK_WGMMA 1
+#else
+#define SK_WGMMA 0
+#endif
 #include <string.h>
 
 namespace cg = cooperative_groups;
@@ -137,6 +147,9 @@ struct sk_args {
 #ifdef BERTH_SK_STAMPS
     unsigned long long *prof; /* BERTH_CUDA_ATT_PROF=1 in a -Dskinny_stamps=true build: SK_STAMPS per block */
 #endif
+    /* The TMA instances (WG 2): w as [rows][K] and xh as [M][K], boxes of 64 columns x (BN or BN/2) / 32 rows in the
+     * 128-byte swizzle; zeros past the tensor's edges (64-byte aligned: CUtensorMap) */
+    CUtensorMap tmw, tmx;
 };
 
 /* Measurement build only (meson -Dskinny_stamps=true; BERTH_CUDA_ATT_PROF=1, eager calls): thread 0 of every block
@@ -228,6 +241,71 @@ static __device__ __forceinline__ void sk_ldsm4(uint32_t addr, uint32_t &r0, uin
 static __device__ __forceinline__ void sk_ldsm2(uint32_t addr, uint32_t &r0, uint32_t &r1)
 {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r0), "=r"(r1) : "r"(addr));
+}
+
+/* wgmma (sm_90): the shared-memory matrix descriptor of a K-major tile of 128-byte rows in the 128-byte swizzle
+ * (sk_swz's layout: 8-row atoms of 1024 bytes, 16-byte chunks XORed with the row's low 3 bits; the tile 1024-byte
+ * aligned): start address >> 4, leading offset unused (1), stride offset 1024 bytes between 8-row groups, swizzle
+ * mode 1 (128 B). A k16 step inside the 64-column tile starts 32 bytes further. */
+static __device__ __forceinline__ uint32_t sk_wg_desc_lo(uint32_t saddr)
+{
+    return ((saddr & 0x3FFFF) >> 4) | (1u << 16);
+}
+
+/* The whole descriptor from its low word: the high word is a constant (stride offset, swizzle mode). Adding a
+ * tile's byte offset >> 4 to the low word moves the start field only (shared addresses < 2^18: no carry out). */
+static __device__ __forceinline__ uint64_t sk_wg_desc_of(uint32_t lo)
+{
+    return (uint64_t)lo | ((uint64_t)((1024 >> 4) | (1u << 30)) << 32);
+}
+
+/* D (64 x 32, fp32: 16 registers a thread) += A (64 x 16, smem) B^T (32 x 16, smem), both K-major. */
+template <int WDT>
+static __device__ __forceinline__ void sk_wgmma_64x32(float (&d)[16], uint64_t da, uint64_t db)
+{
+#define SK_WG_ARGS                                                                                                    \
+    : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),    \
+      "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                        \
+    : "l"(da), "l"(db)
+    if (WDT == BERTH_DTYPE_BF16)
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                     "%10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}" SK_WG_ARGS);
+    else
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+                     "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, "
+                     "%10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}" SK_WG_ARGS);
+#undef SK_WG_ARGS
+}
+
+/* The TMA ring (sm_90): one mbarrier per stage, armed by thread 0 with the stage's byte count, completed by the
+ * tensor copies themselves; the block waits on its phase parity. */
+[[maybe_unused]] static __device__ __forceinline__ void sk_bar_init(uint32_t bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void sk_bar_expect(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void sk_bar_wait(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nSK_BAR_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra SK_BAR_WAIT;\n}" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* Box (c0 = first column, c1 = first row) of the tensor map into shared memory at dst, completing on bar. */
+[[maybe_unused]] static __device__ __forceinline__ void sk_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3}], [%4];" ::"r"(dst),
+                 "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
 }
 
 /* Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows: chunks are XOR-swizzled by the row's low 3
@@ -362,13 +440,30 @@ static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const flo
 /* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x the mg rows of x of its row group
  * (blockIdx.z), over k tiles
  * [blockIdx.y * kt_per_split, ...). gridDim.y > 1 only as a cluster of that many blocks (see the top comment). */
-template <int WDT, int NT, int BN, bool XH>
+template <int WDT, int NT, int BN, bool XH, int WG = 0>
 __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 : 2)
     sk_kernel(const __grid_constant__ sk_args a)
 {
     using C = sk_shape<BN, NT, XH>;
+    /* WG (BERTH_CUDA_SKINNY_WGMMA, the XH instances of NT 4 and BN 32 / 64): one wgmma m64n32k16 per k16 step for
+     * the whole block instead of per-warp ldmatrix + mma.sync. BN 64: A = the 64 weight rows, B = the 32 x rows.
+     * BN 32: A = the x tile (32 rows; its rows 32..63 read the weight tile that follows it in the stage: garbage
+     * rows of D, never stored), B = the 32 weight rows; the stage then holds x first. Tiles 1024-byte aligned (the
+     * 128-byte swizzle's atom); the partial tile has one k phase. */
+    static_assert(!WG || (XH && NT == 4 && (BN == 32 || BN == 64) && C::STAGE % 1024 == 0 && C::WBYTES % 1024 == 0),
+                  "the wgmma instances");
+    /* wgmma exists only in the sm_90a image (-Dsm90a=true); the sm_90 image's twin runs the mma.sync path */
+    constexpr bool WGX = WG && SK_WGMMA;
+    /* WG 2: the ring filled by the tensor memory accelerator — one thread issues each stage's w and x boxes
+     * (sk_args.tmw / tmx) against the stage's mbarrier, instead of every thread its 16-byte cp.async chunks */
+    constexpr bool TMA = WGX && WG == 2;
+    constexpr bool XFIRST = WGX && BN == 32;
+    constexpr uint32_t W_OFF = XFIRST ? C::XBYTES : 0, X_OFF = XFIRST ? 0 : C::WBYTES;
+    constexpr int KPE = WGX ? 1 : C::KP; /* k phases of the partial tile */
     constexpr int S = C::S, MP = C::MP, THREADS = C::THREADS;
-    extern __shared__ __align__(128) unsigned char sk_smem[];
+    /* 1024: the 128-byte swizzle's atom, which the wgmma descriptors assume of every tile (no static shared memory
+     * here, so the dynamic base is where the alignment lands; the WG instances check it) */
+    extern __shared__ __align__(1024) unsigned char sk_smem[];
     SK_STAMP(0);
     cu_pdl_trigger();
 
@@ -386,6 +481,9 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     const int NO = halves ? BN / 2 : BN; /* outputs per block */
     const int n0 = (int)blockIdx.x * NO;
     const uint32_t base = sk_smem_addr(sk_smem);
+    if constexpr (WGX)
+        if (base & 1023u) /* a misaligned tile would be read with the wrong swizzle phase: fail loudly */
+            __trap();
     /* stage s: w at base + s*STAGE, x at + WBYTES (f32; XH: the rounded tile itself), norm weight at + WBYTES +
      * XBYTES (not XH); then xb (not XH), then ssp */
     const uint32_t xb = base + S * C::STAGE;
@@ -413,7 +511,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         wdst[j] = sk_swz(r, wc);
     }
     auto load_w = [&](int kt, int s) {
-        const uint32_t ws = base + s * C::STAGE;
+        const uint32_t ws = base + s * C::STAGE + W_OFF;
         const bool in = kt * SK_BK + wc * 8 < a.K; /* chunks past K are zero-filled */
 #pragma unroll
         for (int j = 0; j < C::WCH; j++) {
@@ -439,7 +537,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are zero-filled under XH, never
      * loaded otherwise (the conversion writes zeros for them); columns past K are zero-filled. */
     auto load_x = [&](int kt, int s) {
-        const uint32_t xs = base + s * C::STAGE + C::WBYTES;
+        const uint32_t xs = base + s * C::STAGE + X_OFF;
         const int k0 = kt * SK_BK;
         if constexpr (XH) { /* 8 chunks of 16 bytes per row, straight into the swizzled tile (K % 8 == 0) */
             const bool in = k0 + xc8 < a.K;
@@ -479,22 +577,64 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         }
     };
 
+    /* TMA: stage s's mbarrier at bars + 8 s, in ssp's place (XH instances have no norm prologue); thread 0 arms a
+     * stage for its whole bytes (w and x) before its first box, so the phase ends only when both have landed */
+    [[maybe_unused]] const uint32_t bars = base + S * C::STAGE + C::XB;
+    [[maybe_unused]] auto tma_w = [&](int kt, int s) {
+        const uint32_t ws = base + s * C::STAGE + W_OFF, bar = bars + 8 * s;
+        if (halves) { /* the BN/2 gate rows, then the matching up rows N further down */
+            sk_tma(ws, &a.tmw, kt * SK_BK, n0, bar);
+            sk_tma(ws + (BN / 2) * 128, &a.tmw, kt * SK_BK, a.N + n0, bar);
+        } else {
+            sk_tma(ws, &a.tmw, kt * SK_BK, n0, bar);
+        }
+    };
+    [[maybe_unused]] auto tma_x = [&](int kt, int s) {
+        sk_tma(base + s * C::STAGE + X_OFF, &a.tmx, kt * SK_BK, mz, bars + 8 * s);
+    };
+
     /* Prologue: stages 0..S-2, one commit group each; weights before the wait when they are a weights buffer
      * (uncommitted, they join group 0, which then completes no later than the others). */
-    if (a.early)
-        for (int s = 0; s < S - 1; s++)
-            if (s < nt)
-                load_w(kt0 + s, s);
-    SK_STAMP(1);
-    cu_pdl_wait();
-    SK_STAMP(2);
-    for (int s = 0; s < S - 1; s++) {
-        if (s < nt) {
-            if (!a.early)
-                load_w(kt0 + s, s);
-            load_x(kt0 + s, s);
+    if constexpr (TMA) {
+        if (t == 0) { /* the barriers, visible to the async proxy before the first copy (all issued by thread 0;
+                       * the others first wait after the loop's first __syncthreads) */
+#pragma unroll
+            for (int s = 0; s < S; s++)
+                sk_bar_init(bars + 8 * s);
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            if (a.early)
+                for (int s = 0; s < S - 1 && s < nt; s++) {
+                    sk_bar_expect(bars + 8 * s, C::STAGE);
+                    tma_w(kt0 + s, s);
+                }
         }
-        sk_commit();
+        SK_STAMP(1);
+        cu_pdl_wait();
+        SK_STAMP(2);
+        if (t == 0)
+            for (int s = 0; s < S - 1 && s < nt; s++) {
+                if (!a.early) {
+                    sk_bar_expect(bars + 8 * s, C::STAGE);
+                    tma_w(kt0 + s, s);
+                }
+                tma_x(kt0 + s, s);
+            }
+    } else {
+        if (a.early)
+            for (int s = 0; s < S - 1; s++)
+                if (s < nt)
+                    load_w(kt0 + s, s);
+        SK_STAMP(1);
+        cu_pdl_wait();
+        SK_STAMP(2);
+        for (int s = 0; s < S - 1; s++) {
+            if (s < nt) {
+                if (!a.early)
+                    load_w(kt0 + s, s);
+                load_x(kt0 + s, s);
+            }
+            sk_commit();
+        }
     }
     SK_STAMP(3);
 
@@ -520,21 +660,44 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     const int a_row = rg * 32 + (lane & 7) + ((lane >> 3) & 1) * 8, a_hi = lane >> 4;
     const int b_row = (lane & 7) + ((lane >> 4) << 3), b_hi = (lane >> 3) & 1;
 
+    [[maybe_unused]] float wacc[16];
+    [[maybe_unused]] const uint32_t wg_lo0 = sk_wg_desc_lo(base);
+    if constexpr (WGX) {
+#pragma unroll
+        for (int q = 0; q < 16; q++)
+            wacc[q] = 0.0f;
+    }
 #pragma unroll 1
     for (int i = 0; i < nt; i++) {
-        sk_wait_group<S - 2>(); /* this thread's part of tile i has landed */
-        __syncthreads();        /* everyone's; and every warp is done with tile i-1 (its stage and xb are free) */
+        if constexpr (WGX) /* tile i-1's wgmmas are done reading its stage, which this iteration refills */
+            asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+        if constexpr (!TMA) {
+            sk_wait_group<S - 2>(); /* this thread's part of tile i has landed */
+            if constexpr (WGX)      /* the copies, written through the generic proxy, visible to wgmma's async proxy */
+                asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        }
+        __syncthreads(); /* everyone's; and every warp is done with tile i-1 (its stage and xb are free) */
         if (i == 0)
             SK_STAMP(4);
         {
             const int j = i + S - 1;
-            if (j < nt) {
-                load_w(kt0 + j, j % S);
-                load_x(kt0 + j, j % S);
+            if constexpr (TMA) {
+                if (t == 0 && j < nt) {
+                    sk_bar_expect(bars + 8 * (j % S), C::STAGE);
+                    tma_w(kt0 + j, j % S);
+                    tma_x(kt0 + j, j % S);
+                }
+            } else {
+                if (j < nt) {
+                    load_w(kt0 + j, j % S);
+                    load_x(kt0 + j, j % S);
+                }
+                sk_commit();
             }
-            sk_commit();
         }
         const int s = i % S;
+        if constexpr (TMA) /* tile i's boxes have landed (its stage's (i / S)-th phase) */
+            sk_bar_wait(bars + 8 * s, (uint32_t)(i / S) & 1u);
         if constexpr (!XH) {
             /* x tile -> xb in the weight dtype: thread t converts float4 chunk c4 of rows (t >> 4) + j *
              * THREADS/16, applying the prologue's weight and summing squares. */
@@ -569,6 +732,24 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         if constexpr (!XH)
             __syncthreads(); /* xb complete */
 
+        if constexpr (WGX) {
+            /* the stage's descriptors: only the low word's start field moves (by the stage and 32 bytes per k16) */
+            const uint32_t dlo = wg_lo0 + (uint32_t)s * (C::STAGE >> 4);
+            constexpr uint32_t B_OFF = (XFIRST ? W_OFF : X_OFF) >> 4;
+#pragma unroll
+            for (int q = 0; q < 16; q++) /* the accumulators stay in their registers around the async MMAs */
+                asm volatile("" : "+f"(wacc[q])::"memory");
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < SK_BK / 16; kk++)
+                /* XFIRST: D = x w^T (rows 0..31 real), else D = w x^T */
+                sk_wgmma_64x32<WDT>(wacc, sk_wg_desc_of(dlo + kk * 2), sk_wg_desc_of(dlo + B_OFF + kk * 2));
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int q = 0; q < 16; q++)
+                asm volatile("" : "+f"(wacc[q])::"memory");
+            continue;
+        }
         const uint32_t ws = base + s * C::STAGE;
         const uint32_t xt = XH ? ws + C::WBYTES : xb; /* the bf16 / f16 x tile the B fragments come from */
 #pragma unroll
@@ -594,6 +775,12 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
                     sk_mma<WDT>(acc[mt][j], af[mt], bf[j][0], bf[j][1]);
         }
     }
+    if constexpr (WGX) {
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int q = 0; q < 16; q++) /* the accumulators are final from here on */
+            asm volatile("" : "+f"(wacc[q])::"memory");
+    }
     sk_wait_group<0>(); /* only empty groups can be left; none may be in flight when the ring is reused */
     __syncthreads();    /* every warp is done reading the ring */
     SK_STAMP(5);
@@ -602,6 +789,22 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
      * rg*32 + mt*16 + lane/4 + (q/2)*8, x row j*8 + 2*(lane%4) + q%2. PITCH = BN + 4 spreads the lanes over all
      * 32 banks. */
     float *const part = reinterpret_cast<float *>(sk_smem);
+    if constexpr (WGX) { /* wacc[4c + q]: D row 16 warp + lane/4 + (q/2) 8, column 8c + 2 (lane%4) + q%2 — BN 32:
+                         * row = x row m (warps 2 and 3 hold the garbage rows 32..63), column = w row r; BN 64:
+                         * row = w row r, column = x row m */
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                const int dr = warp * 16 + (lane >> 2) + (q >> 1) * 8, dc = c * 8 + 2 * (lane & 3) + (q & 1);
+                if constexpr (XFIRST) {
+                    if (warp < 2)
+                        part[dr * C::PITCH + dc] = wacc[4 * c + q];
+                } else {
+                    part[dc * C::PITCH + dr] = wacc[4 * c + q];
+                }
+            }
+    } else
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -630,7 +833,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     SK_STAMP(6);
 
     if constexpr (XH) {
-        sk_outputs_xh<BN, C::KP, MP, C::PITCH, THREADS>(a, part, splits, rank, Mb, mz, n0);
+        sk_outputs_xh<BN, KPE, MP, C::PITCH, THREADS>(a, part, splits, rank, Mb, mz, n0);
     } else {
         /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
          * cluster and every k phase, summed in that order, then 1/rms, bias, the gated epilogue, accumulate. */
@@ -689,6 +892,28 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
 
 // ---------------------------------------------------------------------------------------------------------------
 // Host side: instances, plan, launch.
+
+/* The TMA instances' tensor maps (sk_args.tmw over wrows rows of w, boxes of box_w rows; tmx over the M rows of
+ * xh, boxes of 32): false where the driver has no encoder or declines the shape (the cp.async twin runs). */
+static bool sk_tmaps(const berth_backend *be, sk_args *a, int wdt, int64_t wrows, int box_w)
+{
+    if (!be->tmap_encode)
+        return false;
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = (PFN_cuTensorMapEncodeTiled_v12000)be->tmap_encode;
+    const CUtensorMapDataType dt =
+        wdt == BERTH_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    const cuuint32_t es[2] = {1, 1};
+    const cuuint64_t wd[2] = {(cuuint64_t)a->K, (cuuint64_t)wrows}, wst[1] = {(cuuint64_t)a->ldw};
+    const cuuint32_t wb[2] = {SK_BK, (cuuint32_t)box_w};
+    const cuuint64_t xd[2] = {(cuuint64_t)a->K, (cuuint64_t)a->M}, xst[1] = {(cuuint64_t)a->ldxh * 2};
+    const cuuint32_t xb[2] = {SK_BK, 32};
+    return enc(&a->tmw, dt, 2, (void *)a->w, wd, wst, wb, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS &&
+           enc(&a->tmx, dt, 2, (void *)a->xh, xd, xst, xb, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
 
 /* One instance as the planner sees it. */
 struct sk_kinfo {
@@ -995,7 +1220,6 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xh, &pl))
             return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
-
     sk_args a;
     memset(&a, 0, sizeof a);
     const cu_rows xr = cu_rows_of(&p->x), yr = cu_rows_of(&p->y);
@@ -1061,6 +1285,23 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         const berth_status st = cu_op_rms_norm(be, s, pre);
         if (st != BERTH_OK)
             return st;
+    }
+    /* be->skinny_wgmma (BERTH_CUDA_SKINNY_WGMMA): the XH instances of 32- and 64-row tiles at 32 x rows as their
+     * wgmma twins (same ring, same grid; the partial tile has one k phase); at 2 with the ring filled by TMA where
+     * the driver encodes the tensor maps (else the cp.async twin) */
+    if (be->skinny_wgmma && xh && nt == 4 && (pl.bn == 32 || pl.bn == 64)) {
+        const bool tma = be->skinny_wgmma == 2 && sk_tmaps(be, &a, wdt, halves ? 2 * Nout : Nout,
+                                                           halves ? pl.bn / 2 : pl.bn);
+        if (be->skinny_wgmma == 2 && !tma && be->skinny_strict) /* tests: the TMA path must be the one tested */
+            return cu_fail(be->host, BERTH_E_INTERNAL, "matmul: no TMA tensor maps for M = %lld, N = %lld, K = %lld",
+                           (long long)M, (long long)N, (long long)K);
+        const bool bf = wdt == BERTH_DTYPE_BF16;
+        if (pl.bn == 32)
+            pl.k.fn = tma ? (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 32, true, 2> : sk_kernel<BERTH_DTYPE_F16, 4, 32, true, 2>)
+                          : (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 32, true, 1> : sk_kernel<BERTH_DTYPE_F16, 4, 32, true, 1>);
+        else
+            pl.k.fn = tma ? (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 2> : sk_kernel<BERTH_DTYPE_F16, 4, 64, true, 2>)
+                          : (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 1> : sk_kernel<BERTH_DTYPE_F16, 4, 64, true, 1>);
     }
     /* a gated product's output is the input of the product next (the MLP's down projection; the PLE projection
      * after the PLE gate): round it once here, where that product takes the XH instances (the plain path; the
