@@ -408,9 +408,13 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     {
         void *fn = NULL;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
-                cudaSuccess &&
-            q == cudaDriverEntryPointSuccess)
+#if CUDART_VERSION >= 12050 /* the versioned query; CUDA 13 deprecates the other */
+        const cudaError_t ge = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                                cudaEnableDefault, &q);
+#else
+        const cudaError_t ge = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &fn, cudaEnableDefault, &q);
+#endif
+        if (ge == cudaSuccess && q == cudaDriverEntryPointSuccess && fn)
             be->tmap_encode = fn;
         else
             (void)cudaGetLastError();

@@ -452,7 +452,8 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
      * 128-byte swizzle's atom); the partial tile has one k phase. */
     static_assert(!WG || (XH && NT == 4 && (BN == 32 || BN == 64) && C::STAGE % 1024 == 0 && C::WBYTES % 1024 == 0),
                   "the wgmma instances");
-    /* wgmma exists only in the sm_90a image (-Dsm90a=true); the sm_90 image's twin runs the mma.sync path */
+    /* wgmma exists only in the sm_90a image (this file is built for it too); the sm_90 image's and the PTX's twins
+     * run the mma.sync path */
     constexpr bool WGX = WG && SK_WGMMA;
     /* WG 2: the ring filled by the tensor memory accelerator — one thread issues each stage's w and x boxes
      * (sk_args.tmw / tmx) against the stage's mbarrier, instead of every thread its 16-byte cp.async chunks */
@@ -1106,8 +1107,8 @@ static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64
  * 108 KiB blocks beside the q product's, bench/RESULTS.md session 21). */
 static size_t sk_launch_smem(const berth_backend *be, const sk_plan &pl)
 {
-    if (!be->skinny_trim || !pl.k.xh || pl.per >= pl.k.stages)
-        return pl.k.smem;
+    if (!be->skinny_trim || !pl.k.xh || pl.per >= pl.k.stages || be->skinny_wgmma == 2)
+        return pl.k.smem; /* the TMA twins (BERTH_CUDA_SKINNY_WGMMA=2) keep their mbarriers past the ring */
     const size_t ring = (size_t)pl.per * pl.k.stage;
     return ring > pl.k.part ? ring : pl.k.part;
 }
@@ -1220,6 +1221,12 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xh, &pl))
             return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
+    /* tests (strict): a TMA run without the driver's encoder fails here, before anything is enqueued (a shape the
+     * encoder declines is caught at the selection below, after x_pre / the pack) */
+    if (be->skinny_wgmma == 2 && !be->tmap_encode && xh && nt == 4 && (pl.bn == 32 || pl.bn == 64) &&
+        be->skinny_strict)
+        return sk_decline(be, M, N, K, "no TMA tensor-map encoder");
+
     sk_args a;
     memset(&a, 0, sizeof a);
     const cu_rows xr = cu_rows_of(&p->x), yr = cu_rows_of(&p->y);
