@@ -47,8 +47,9 @@
  * it takes (default CU_SKINNY_MIN_M), BERTH_CUDA_SKINNY_MAX the largest (default CU_SKINNY_MAX_M);
  * BERTH_CUDA_SKINNY_SMALL 0 keeps the small products above that on cuBLAS; BERTH_CUDA_SKINNY_MG 8 / 16 / 32 puts
  * every product above that many rows in row groups; BERTH_CUDA_SKINNY_BN 32 / 64 / 128 / 256 fixes the tile width,
- * BERTH_CUDA_SKINNY_BN_UNSPLIT (default 32) that of products without a K split (see sk_choose); BERTH_CUDA_SKINNY_WGMMA 0 / 1 (default) / 2: the 32-row-x XH products on mma.sync, on wgmma with
- * the ring filled by cp.async, or by TMA (sm_90a image only: elsewhere the twins run mma.sync);
+ * BERTH_CUDA_SKINNY_BN_UNSPLIT (default 32) that of products without a K split (see sk_choose);
+ * BERTH_CUDA_SKINNY_WGMMA 0 / 1 (default) / 2: the 32-row-x XH products on mma.sync, on wgmma with the ring filled
+ * by cp.async, or by TMA (sm_90a image only: elsewhere the twins run mma.sync);
  * BERTH_CUDA_SKINNY_XPRE (0 off, 1 up to 64 rows, 2..64 the bound; default CU_SKINNY_XPRE_M) sends products with
  * an x_pre norm above the range and up to that many rows to the XH instances (x rounded by the norm: sk_shape);
  * BERTH_CUDA_SKINNY_PLAIN (0 off, else the bound; default CU_SKINNY_PLAIN_M) does the same for products without any
@@ -300,7 +301,8 @@ static __device__ __forceinline__ void sk_wgmma_64x32(float (&d)[16], uint64_t d
 }
 
 /* Box (c0 = first column, c1 = first row) of the tensor map into shared memory at dst, completing on bar. */
-[[maybe_unused]] static __device__ __forceinline__ void sk_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1, uint32_t bar)
+[[maybe_unused]] static __device__ __forceinline__ void sk_tma(uint32_t dst, const CUtensorMap *map, int c0, int c1,
+                                                               uint32_t bar)
 {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
                  "%3}], [%4];" ::"r"(dst),
@@ -916,6 +918,15 @@ static bool sk_tmaps(const berth_backend *be, sk_args *a, int wdt, int64_t wrows
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The wgmma twin of the 32- or 64-row-tile XH instance at 32 x rows: WG 1 (ring by cp.async) or 2 (by TMA). */
+template <int WDT>
+static void (*sk_wg_kernel(int bn, bool tma))(sk_args)
+{
+    if (bn == 32)
+        return tma ? sk_kernel<WDT, 4, 32, true, 2> : sk_kernel<WDT, 4, 32, true, 1>;
+    return tma ? sk_kernel<WDT, 4, 64, true, 2> : sk_kernel<WDT, 4, 64, true, 1>;
+}
+
 /* One instance as the planner sees it. */
 struct sk_kinfo {
     void (*fn)(sk_args);
@@ -1221,10 +1232,12 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         if (!sk_choose(be, wdt, nt, M, Nout, K, halves, pl.splits - 1, groups, xh, &pl))
             return sk_decline(be, M, N, K, "no cluster size fits the device");
     const int64_t cb = pl.blocks / pl.splits / groups; /* column blocks: gridDim.x (N < 2^31: cu_check_matmul) */
+    /* be->skinny_wgmma (BERTH_CUDA_SKINNY_WGMMA): the XH instances of 32- and 64-row tiles at 32 x rows run as their
+     * wgmma twins (selected below, once x is in place) */
+    const bool wg = be->skinny_wgmma && xh && nt == 4 && (pl.bn == 32 || pl.bn == 64);
     /* tests (strict): a TMA run without the driver's encoder fails here, before anything is enqueued (a shape the
      * encoder declines is caught at the selection below, after x_pre / the pack) */
-    if (be->skinny_wgmma == 2 && !be->tmap_encode && xh && nt == 4 && (pl.bn == 32 || pl.bn == 64) &&
-        be->skinny_strict)
+    if (wg && be->skinny_wgmma == 2 && !be->tmap_encode && be->skinny_strict)
         return sk_decline(be, M, N, K, "no TMA tensor-map encoder");
 
     sk_args a;
@@ -1293,22 +1306,16 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         if (st != BERTH_OK)
             return st;
     }
-    /* be->skinny_wgmma (BERTH_CUDA_SKINNY_WGMMA): the XH instances of 32- and 64-row tiles at 32 x rows as their
-     * wgmma twins (same ring, same grid; the partial tile has one k phase); at 2 with the ring filled by TMA where
-     * the driver encodes the tensor maps (else the cp.async twin) */
-    if (be->skinny_wgmma && xh && nt == 4 && (pl.bn == 32 || pl.bn == 64)) {
+    /* the wgmma twins (same ring, same grid; the partial tile has one k phase); at 2 with the ring filled by TMA
+     * where the driver encodes the tensor maps (else the cp.async twin) */
+    if (wg) {
         const bool tma = be->skinny_wgmma == 2 && sk_tmaps(be, &a, wdt, halves ? 2 * Nout : Nout,
                                                            halves ? pl.bn / 2 : pl.bn);
         if (be->skinny_wgmma == 2 && !tma && be->skinny_strict) /* tests: the TMA path must be the one tested */
             return cu_fail(be->host, BERTH_E_INTERNAL, "matmul: no TMA tensor maps for M = %lld, N = %lld, K = %lld",
                            (long long)M, (long long)N, (long long)K);
-        const bool bf = wdt == BERTH_DTYPE_BF16;
-        if (pl.bn == 32)
-            pl.k.fn = tma ? (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 32, true, 2> : sk_kernel<BERTH_DTYPE_F16, 4, 32, true, 2>)
-                          : (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 32, true, 1> : sk_kernel<BERTH_DTYPE_F16, 4, 32, true, 1>);
-        else
-            pl.k.fn = tma ? (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 2> : sk_kernel<BERTH_DTYPE_F16, 4, 64, true, 2>)
-                          : (bf ? sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 1> : sk_kernel<BERTH_DTYPE_F16, 4, 64, true, 1>);
+        pl.k.fn = wdt == BERTH_DTYPE_BF16 ? sk_wg_kernel<BERTH_DTYPE_BF16>(pl.bn, tma)
+                                          : sk_wg_kernel<BERTH_DTYPE_F16>(pl.bn, tma);
     }
     /* a gated product's output is the input of the product next (the MLP's down projection; the PLE projection
      * after the PLE gate): round it once here, where that product takes the XH instances (the plain path; the
