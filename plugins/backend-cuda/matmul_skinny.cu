@@ -492,16 +492,16 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     const uint32_t xb = base + S * C::STAGE;
     float *const ssp = reinterpret_cast<float *>(sk_smem + S * C::STAGE + C::XB);
 
-    /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8. Each chunk's source and
-     * shared-memory offset are fixed for the kernel: the k loop adds only the k offset and issues every copy
-     * without a branch. A row past N (w) or past the group's Mb (x) takes a zero-byte copy from its tensor's first
-     * row (zeros in shared memory, which reach only outputs nobody stores); a chunk past K takes a zero-byte copy
-     * from its k offset 0 — inside the row for w, while an x chunk's offset (xc8, up to 56 elements) can point past
-     * a row shorter than 64 elements, even past the last row: nothing is read through it (0 bytes), but it is not
-     * a valid address. Written with a branch and the addresses rebuilt per tile, the loop was 151 instructions per
-     * warp and tile at the 32-row XH instance for 16 that move or multiply data (bench/RESULTS.md session 23). */
+    /* This thread's w chunks: column chunk wc of rows (t >> 3) + j * THREADS/8. Each chunk's shared-memory offset
+     * is fixed for the kernel and its source advances by a tile per call (k tiles are issued in order): the k loop
+     * neither rebuilds addresses nor branches around a copy. A row past N (w) or past the group's Mb (x), and a
+     * chunk past K, take a zero-byte copy from the tensor's first element (zeros in shared memory, which reach only
+     * outputs nobody stores). Written with a branch and the addresses rebuilt per tile, the loop was 151
+     * instructions per warp and tile at the 32-row XH instance for 16 that move or multiply data (bench/RESULTS.md
+     * session 23); with the sources fixed but offset by kt each call, ptxas still rebuilt them from row x stride
+     * (92 at that instance, ~55 of the wgmma twin's 104: session 24). */
     const int wc = t & 7;
-    const char *wsrc[C::WCH];
+    const char *wcur[C::WCH]; /* the chunk of the next k tile to issue */
     uint32_t wdst[C::WCH];
     bool wok[C::WCH];
 #pragma unroll
@@ -510,63 +510,84 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         const int o = n0 + (halves && r >= BN / 2 ? r - BN / 2 : r);
         const int64_t row = halves && r >= BN / 2 ? (int64_t)a.N + o : o;
         wok[j] = o < a.N;
-        wsrc[j] = wok[j] ? a.w + row * a.ldw + wc * 16 : a.w;
+        wcur[j] = wok[j] ? a.w + row * a.ldw + wc * 16 + (int64_t)kt0 * (SK_BK * 2) : a.w;
         wdst[j] = sk_swz(r, wc);
     }
-    auto load_w = [&](int kt, int s) {
+    int kw = kt0 * SK_BK + wc * 8; /* this thread's first k in the next w tile */
+    auto load_w = [&](int s) {     /* the next k tile's w into stage s */
         const uint32_t ws = base + s * C::STAGE + W_OFF;
-        const bool in = kt * SK_BK + wc * 8 < a.K; /* chunks past K are zero-filled */
+        const bool in = kw < a.K; /* chunks past K are zero-filled */
 #pragma unroll
         for (int j = 0; j < C::WCH; j++) {
             const bool on = in && wok[j];
-            sk_cp16(ws + wdst[j], wsrc[j] + (on ? kt * (SK_BK * 2) : 0), on ? 16 : 0);
+            sk_cp16(ws + wdst[j], on ? wcur[j] : a.w, on ? 16 : 0);
+            wcur[j] += SK_BK * 2;
         }
+        kw += SK_BK;
     };
     /* XH: this thread's x chunks (row m, 16-byte column chunk c of each k tile), as the w chunks */
     constexpr int XHC = XH ? MP * 8 / THREADS : 1;
-    [[maybe_unused]] const uint16_t *xsrc[XHC];
+    [[maybe_unused]] const uint16_t *xcur[XHC]; /* the chunk of the next k tile to issue */
     [[maybe_unused]] uint32_t xdst[XHC];
     [[maybe_unused]] bool xok[XHC];
-    [[maybe_unused]] const int xc8 = (t & 7) * 8;
+    [[maybe_unused]] int kx = kt0 * SK_BK + (t & 7) * 8; /* this thread's first k in the next x tile */
     if constexpr (XH) {
 #pragma unroll
         for (int j = 0; j < XHC; j++) {
             const int q = j * THREADS + t, m = q >> 3;
             xok[j] = m < Mb;
-            xsrc[j] = a.xh + (int64_t)(mz + (xok[j] ? m : 0)) * a.ldxh + xc8;
+            xcur[j] = xok[j] ? a.xh + (int64_t)(mz + m) * a.ldxh + kx : a.xh;
             xdst[j] = sk_swz(m, q & 7);
+        }
+    }
+    /* f32 x (not XH) with 16-byte rows: this thread's chunks (row m, float4 fc4 of each k tile), fixed */
+    constexpr int FXC = XH ? 1 : C::XCH;
+    [[maybe_unused]] const float *frow[FXC];
+    [[maybe_unused]] uint32_t fdst[FXC];
+    [[maybe_unused]] bool fok[FXC];
+    [[maybe_unused]] const int fc4 = t & 15;
+    if constexpr (!XH) {
+#pragma unroll
+        for (int j = 0; j < FXC; j++) {
+            const int m = j * (THREADS / 16) + (t >> 4);
+            fok[j] = m < Mb;
+            frow[j] = (fok[j] ? X[m] : X[0]) + fc4 * 4;
+            fdst[j] = m * 256 + fc4 * 16;
         }
     }
     /* x (and the norm weight) of k tile kt into stage s; rows past the group's Mb are zero-filled under XH, never
      * loaded otherwise (the conversion writes zeros for them); columns past K are zero-filled. */
     auto load_x = [&](int kt, int s) {
         const uint32_t xs = base + s * C::STAGE + X_OFF;
-        const int k0 = kt * SK_BK;
-        if constexpr (XH) { /* 8 chunks of 16 bytes per row, straight into the swizzled tile (K % 8 == 0) */
-            const bool in = k0 + xc8 < a.K;
+        if constexpr (XH) { /* 8 chunks of 16 bytes per row, straight into the swizzled tile (K % 8 == 0); the
+                             * next k tile (kt is that tile: issued in order) */
+            const bool in = kx < a.K;
 #pragma unroll
             for (int j = 0; j < XHC; j++) {
                 const bool on = in && xok[j];
-                sk_cp16(xs + xdst[j], xsrc[j] + (on ? k0 : 0), on ? 16 : 0);
+                sk_cp16(xs + xdst[j], on ? xcur[j] : a.xh, on ? 16 : 0);
+                xcur[j] += SK_BK;
             }
+            kx += SK_BK;
+            (void)kt;
         } else {
-            if (a.xvec) {
-                const int c4 = t & 15;
-                const bool in = k0 + c4 * 4 < a.K;
+            const int k0 = kt * SK_BK;
+            if (a.xvec) { /* as the XH chunks: fixed row pointers, no branch (rows past Mb: zero bytes from row 0,
+                           * never converted) */
+                const bool in = k0 + fc4 * 4 < a.K;
 #pragma unroll
                 for (int j = 0; j < C::XCH; j++) {
-                    const int m = j * (THREADS / 16) + (t >> 4);
-                    if (m < Mb)
-                        sk_cp16(xs + m * 256 + c4 * 16, in ? X[m] + k0 + c4 * 4 : X[m], in ? 16 : 0);
+                    const bool on = in && fok[j];
+                    sk_cp16(xs + fdst[j], on ? frow[j] + k0 : X[0], on ? 16 : 0);
                 }
             } else {
-                const int kx = t & 63;
-                const bool in = k0 + kx < a.K;
+                const int kc = t & 63;
+                const bool in = k0 + kc < a.K;
 #pragma unroll 4
                 for (int j = 0; j < C::XEL; j++) {
                     const int m = j * (THREADS / 64) + (t >> 6);
                     if (m < Mb)
-                        sk_cp4(xs + m * 256 + kx * 4, in ? X[m] + k0 + kx : X[m], in ? 4 : 0);
+                        sk_cp4(xs + m * 256 + kc * 4, in ? X[m] + k0 + kc : X[m], in ? 4 : 0);
                 }
             }
             if (a.gw) {
@@ -626,14 +647,14 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         if (a.early)
             for (int s = 0; s < S - 1; s++)
                 if (s < nt)
-                    load_w(kt0 + s, s);
+                    load_w(s);
         SK_STAMP(1);
         cu_pdl_wait();
         SK_STAMP(2);
         for (int s = 0; s < S - 1; s++) {
             if (s < nt) {
                 if (!a.early)
-                    load_w(kt0 + s, s);
+                    load_w(s);
                 load_x(kt0 + s, s);
             }
             sk_commit();
@@ -692,7 +713,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
                 }
             } else {
                 if (j < nt) {
-                    load_w(kt0 + j, j % S);
+                    load_w(j % S);
                     load_x(kt0 + j, j % S);
                 }
                 sk_commit();
