@@ -123,6 +123,9 @@ static const struct mm_case mm_cases[] = {
     {16, 256, 1536, BF16, 0, 1, XV_3D, 0},           {24, 40, 300, BF16, 0, 0, 0, 0},
     {9, 264, 40000, BF16, 1 + F32, 1, 0, 0},         {32, 264, 1001, BF16, 0, 1, XV_PADDED, 1},
     {56, 136, 999, F16, 1 + BF16, 1, XV_PADDED, 0},
+    /* f16 weights on the wgmma twins (sm_90a; 9-32 rows after the pack, x rounded to f16): the 32-row tile of an
+     * unsplit product (N / 64 column blocks leave no room for a K split), bias, accumulate, an 8-column K tail */
+    {32, 520, 12288, F16, 0, 0, 0, 0},               {20, 520, 9000, F16, 1 + F32, 1, 0, 0},
 };
 #define N_MM_CASES ((int)(sizeof mm_cases / sizeof mm_cases[0]))
 
@@ -1542,6 +1545,10 @@ static const struct xp_case xp_cases[] = {
     {3, 1536, 1536, BF16, BERTH_GLU_HALVES, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
     {8, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.37f, -1, 0},
     {20, 1536, 1536, BF16, BERTH_GLU_NONE, BERTH_NORM_W, BF16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    /* f16 weights, 9-32 rows: x rounded to f16 by the norm, the gated product on the wgmma twins (unsplit: 32-row
+     * tile; split: the 64-row tile's cluster sum) */
+    {24, 520, 4500, F16, BERTH_GLU_HALVES, BERTH_NORM_W, F16, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
+    {32, 1536, 1536, F16, BERTH_GLU_NONE, BERTH_NORM_W, F16, BERTH_RESID_ADD_AFTER, 0.0f, -1, 0},
     {1, 77, 1536, F32, BERTH_GLU_NONE, BERTH_NORM_W, F32, BERTH_RESID_ADD_AFTER, 0.0f, BERTH_NORM_W, 0},
     /* more rows: in BF16 mode on cuBLAS the norm also writes the packed x (f16 copy, no y2; a warp per row at K =
      * 512), and the PLE gate's shape at 32 rows (the skinny kernel's row groups by default) */
