@@ -44,10 +44,8 @@ abs() { case $1 in /*) echo "$1" ;; *) echo "$root/$1" ;; esac; }
 build=$(abs "${BUILD_DIR:-build}")
 out=$(abs "${OUT:-/tmp}")
 ckpt=${BENCH_CKPT:-/tmp/berth-gemma4-e2b}
-if [ ! -f "$ckpt/config.json" ]; then
-    python3 tools/gen_gemma4_bench_ckpt.py --shape e2b --out "$ckpt" >/tmp/ab_env-ckpt.log 2>&1 ||
-        { tail /tmp/ab_env-ckpt.log; exit 1; }
-fi
+. bench/lib.sh
+bench_ckpt_ready "$ckpt" /tmp/ab_env-ckpt.log || exit 1
 # config_for N DIR: a config like the template with its [plugins] dir pointed at DIR (file name by position N)
 config_for() {
     local c=/tmp/ab_env-bench-$1.ini

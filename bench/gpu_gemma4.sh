@@ -41,6 +41,7 @@ set -u
 t_start=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
+. bench/lib.sh # bench_config_nographs
 build=${BUILD_DIR:-build}
 py=${PYTHON:-python3}
 shape=${SHAPE:-e2b}
@@ -213,8 +214,7 @@ if has ncu && has berth && [ "$berth_failed" = 0 ]; then
     t=$(date +%s)
     ncu=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
     nog=$work/nograph.ini
-    awk '{print} /^\[scheduler\]/{print "graphs = false"}' "$config" >"$nog"
-    grep -q '^\[scheduler\]' "$nog" || printf '[scheduler]\ngraphs = false\n' >>"$nog"
+    bench_config_nographs "$config" "$nog"
     # Decode steps at the benchmark's context (prompt $plen): attention cost grows with it.
     # (8 new tokens: the batch decodes a few steps all together after the last prefill; 'fullest' picks one)
     for job in "ttft:1:$ttft_len:1:last" "c1:1:$plen:3:last" "c8:8:$plen:8:fullest" "c32:32:$plen:8:fullest"; do

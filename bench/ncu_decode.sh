@@ -25,13 +25,11 @@ shift
 build=${BUILD_DIR:-build-gpu}
 conc=${CONC:-32}
 ckpt=${BENCH_CKPT:-/tmp/berth-gemma4-e2b}
-if [ ! -f "$ckpt/config.json" ]; then
-    python3 tools/gen_gemma4_bench_ckpt.py --shape e2b --out "$ckpt" >/tmp/ncu-ckpt.log 2>&1 ||
-        { tail /tmp/ncu-ckpt.log; exit 1; }
-fi
+. bench/lib.sh
+bench_ckpt_ready "$ckpt" /tmp/ncu-ckpt.log || exit 1
 cfg=/tmp/ncu-decode.ini
-sed -e "s#^dir = .*#dir = $(pwd)/$build/plugins#" bench/gpu-bench.ini |
-    awk '{print} /^\[scheduler\]/{print "graphs = false"}' >"$cfg"
+sed -e "s#^dir = .*#dir = $(pwd)/$build/plugins#" bench/gpu-bench.ini >"$cfg.src"
+bench_config_nographs "$cfg.src" "$cfg" || exit 1
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # ncu [ARGS...] over `berth bench` with the plugin switches given on the command line
 run_ncu() {
