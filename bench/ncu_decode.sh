@@ -28,8 +28,7 @@ ckpt=${BENCH_CKPT:-/tmp/berth-gemma4-e2b}
 . bench/lib.sh
 bench_ckpt_ready "$ckpt" /tmp/ncu-ckpt.log || exit 1
 cfg=/tmp/ncu-decode.ini
-sed -e "s#^dir = .*#dir = $(pwd)/$build/plugins#" bench/gpu-bench.ini >"$cfg.src"
-bench_config_nographs "$cfg.src" "$cfg" || exit 1
+bench_config_nographs <(sed -e "s#^dir = .*#dir = $(pwd)/$build/plugins#" bench/gpu-bench.ini) "$cfg" || exit 1
 ncu=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 # ncu [ARGS...] over `berth bench` with the plugin switches given on the command line
 run_ncu() {

@@ -1137,10 +1137,10 @@ static bool sk_choose(const berth_backend *be, int wdt, int nt, int64_t M, int64
  * them; the XH instances keep nothing past the ring (no converted x, no sums of squares). The freed memory lets the
  * next kernels' blocks become resident beside this one under PDL (E2B at 32 sequences: the decode attention's
  * 108 KiB blocks beside the q product's, bench/RESULTS.md session 21). */
-static size_t sk_launch_smem(const berth_backend *be, const sk_plan &pl)
+static size_t sk_launch_smem(const berth_backend *be, const sk_plan &pl, bool tma)
 {
-    if (!be->skinny_trim || !pl.k.xh || pl.per >= pl.k.stages || be->skinny_wgmma == 2)
-        return pl.k.smem; /* the TMA twins (BERTH_CUDA_SKINNY_WGMMA=2) keep their mbarriers past the ring */
+    if (!be->skinny_trim || !pl.k.xh || pl.per >= pl.k.stages || tma)
+        return pl.k.smem; /* a TMA twin (tma: this launch runs one) keeps its mbarriers past the ring */
     const size_t ring = (size_t)pl.per * pl.k.stage;
     return ring > pl.k.part ? ring : pl.k.part;
 }
@@ -1329,9 +1329,9 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     }
     /* the wgmma twins (same ring, same grid; the partial tile has one k phase); at 2 with the ring filled by TMA
      * where the driver encodes the tensor maps (else the cp.async twin) */
+    bool tma = false;
     if (wg) {
-        const bool tma = be->skinny_wgmma == 2 && sk_tmaps(be, &a, wdt, halves ? 2 * Nout : Nout,
-                                                           halves ? pl.bn / 2 : pl.bn);
+        tma = be->skinny_wgmma == 2 && sk_tmaps(be, &a, wdt, halves ? 2 * Nout : Nout, halves ? pl.bn / 2 : pl.bn);
         if (be->skinny_wgmma == 2 && !tma && be->skinny_strict) /* tests: the TMA path must be the one tested */
             return cu_fail(be->host, BERTH_E_INTERNAL, "matmul: no TMA tensor maps for M = %lld, N = %lld, K = %lld",
                            (long long)M, (long long)N, (long long)K);
@@ -1359,7 +1359,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
         e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits, (unsigned)groups),
                               dim3((unsigned)pl.k.threads),
-                              sk_launch_smem(be, pl), dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn,
+                              sk_launch_smem(be, pl, tma), dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn,
                               a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
