@@ -272,11 +272,12 @@ static void load_one(struct registry *reg, int idx)
                    (unsigned)d->abi_major, (unsigned)d->abi_minor, BERTH_ABI_MAJOR, BERTH_ABI_MINOR);
         return;
     }
-    /* While the ABI is 0.x, a minor may change layouts, signatures or add fields a caller relies on (plugin.h), so
-     * a plugin built against an older 0.x minor would be misread: reject it and say to rebuild. From 1.0 on,
-     * BERTH_ABI_MINOR_MIN is 0. */
-    if (d->abi_minor < BERTH_ABI_MINOR_MIN) {
-        set_reason(p, PLUGIN_REJECTED, "plugin ABI %u.%u predates host ABI %d.%d (0.x minors older than %d.%d are "
+    /* A minor older than BERTH_ABI_MINOR_MIN would be misread (0.x minors could change layouts or add fields a
+     * caller relies on, plugin.h): reject it and say to rebuild. In 1.x the minimum is 0 and this never fires; the
+     * minimum goes through a variable so that the always-false comparison does not trip -Wtype-limits. */
+    const unsigned minor_min = BERTH_ABI_MINOR_MIN;
+    if (d->abi_minor < minor_min) {
+        set_reason(p, PLUGIN_REJECTED, "plugin ABI %u.%u predates host ABI %d.%d (minors older than %d.%d are "
                    "not compatible): rebuild the plugin", (unsigned)d->abi_major, (unsigned)d->abi_minor,
                    BERTH_ABI_MAJOR, BERTH_ABI_MINOR, BERTH_ABI_MAJOR, BERTH_ABI_MINOR_MIN);
         return;

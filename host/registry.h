@@ -23,7 +23,7 @@ struct plugin {
     char *path;
     int line;                          /* config line of the dir= / path= that named it (0: default dir) */
     enum plugin_state state;
-    char reason[512];                  /* why rejected, or notes ("plugin ABI 0.3 is newer ... (accepted)") */
+    char reason[512];                  /* why rejected, or notes ("plugin ABI 1.1 is newer ... (accepted)") */
     const berth_plugin_desc *desc;     /* NULL if rejected before the descriptor was read */
     int kind;                          /* BERTH_PLUGIN_* (0 if unknown) */
     int abi_known;                     /* abi_major/minor were read from the descriptor (even if rejected) */

@@ -30,29 +30,28 @@ struct expect {
 
 /* Every file of tests/plugins/, in the order the loader must list them (byte order of the file names). */
 static const struct expect expected[] = {
-    {"backend_abimajor.so", PLUGIN_REJECTED, 0, NULL, "ABI major mismatch: plugin ABI 1.0, host ABI 0.6"},
+    {"backend_abi06.so", PLUGIN_REJECTED, 0, NULL, "ABI major mismatch: plugin ABI 0.6, host ABI 1.0"},
+    {"backend_abimajor.so", PLUGIN_REJECTED, 0, NULL, "ABI major mismatch: plugin ABI 2.0, host ABI 1.0"},
     {"backend_badkind.so", PLUGIN_REJECTED, 0, "badkind", "unknown plugin kind 7"},
     {"backend_badmagic.so", PLUGIN_REJECTED, 0, NULL, "bad magic 0xdeadbeef (expected 0x42525448)"},
     {"backend_entrynull.so", PLUGIN_REJECTED, 0, NULL,
-     "berth_plugin_entry returned NULL (the plugin does not serve host ABI 0.6)"},
+     "berth_plugin_entry returned NULL (the plugin does not serve host ABI 1.0)"},
     {"backend_initfail.so", PLUGIN_LOADED, BERTH_PLUGIN_BACKEND, "initfail", ""},
     {"backend_newminor.so", PLUGIN_LOADED, BERTH_PLUGIN_BACKEND, "newminor",
-     "plugin ABI 0.9 is newer than host ABI 0.6 (accepted)"},
+     "plugin ABI 1.9 is newer than host ABI 1.0 (accepted)"},
     {"backend_newminor_svc.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "newminor_svc",
-     "requires host service bit 4 (0x10) that host ABI 0.6 does not provide"},
+     "requires host service bit 4 (0x10) that host ABI 1.0 does not provide"},
     {"backend_noattn.so", PLUGIN_LOADED, BERTH_PLUGIN_BACKEND, "noattn", ""},
     {"backend_nosymbol.so", PLUGIN_REJECTED, 0, NULL, "not a berth plugin: no berth_plugin_entry symbol"},
     {"backend_nullmember.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "nullmember",
      "backend vtable member 'buffer_alloc' is NULL"},
     {"backend_nullvtable.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "nullvtable", "backend vtable is NULL"},
-    {"backend_oldminor.so", PLUGIN_REJECTED, 0, NULL,
-     "plugin ABI 0.1 predates host ABI 0.6 (0.x minors older than 0.6 are not compatible): rebuild the plugin"},
     {"backend_probefail.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "probefail",
      "probe failed: probefail: driver not responding"},
     {"backend_smalldesc.so", PLUGIN_REJECTED, 0, NULL,
-     "descriptor struct_size 16 is too small (ABI 0.6 needs at least 56)"},
+     "descriptor struct_size 16 is too small (ABI 1.0 needs at least 56)"},
     {"backend_smallvtable.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "smallvtable",
-     "backend vtable struct_size 16 is too small (ABI 0.6 needs at least 144)"},
+     "backend vtable struct_size 16 is too small (ABI 1.0 needs at least 144)"},
     {"backend_testcpu.so", PLUGIN_LOADED, BERTH_PLUGIN_BACKEND, "testcpu", ""},
     {"backend_testcpu_twin.so", PLUGIN_REJECTED, BERTH_PLUGIN_BACKEND, "testcpu",
      "duplicate backend name 'testcpu' (already loaded from @DIR@/backend_testcpu.so)"},
@@ -187,7 +186,7 @@ START_TEST(loaded_plugins_are_probed_and_wired)
     ck_assert_uint_eq(cpu->devices[0].total_memory, 1ull << 30);
     ck_assert_uint_eq(cpu->devices[0].caps, BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE);
     ck_assert_int_eq(cpu->abi_known, 1);
-    ck_assert_uint_eq(cpu->abi_major, 0);
+    ck_assert_uint_eq(cpu->abi_major, BERTH_ABI_MAJOR);
     ck_assert_uint_eq(cpu->abi_minor, BERTH_ABI_MINOR);
     /* Its host table points at its own context and its own config section. */
     ck_assert_ptr_eq(cpu->host.ctx, &cpu->host_ctx);

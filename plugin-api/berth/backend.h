@@ -60,8 +60,8 @@ typedef struct berth_device_info {
     int32_t compute_units;    /* threads / SMs */
     /* ABI 0.2: fields above. */
     berth_dtype preferred_kv_dtype; /* KV element type the host uses when its config says "auto" (one of kv_dtypes).
-                                     * Default (older plugin): F32. (ABI 1.0) */
-    /* ABI 1.0: fields above. Append below only. */
+                                     * Default (older plugin): F32. (ABI 0.3) */
+    /* ABI 0.3: fields above. Append below only. */
 } berth_device_info;
 
 /* Buffer usage hints. */
@@ -568,7 +568,7 @@ typedef struct berth_backend_vtable {
      * from host memory (stream_sync, buffer_upload/download, sample); a failing op aborts the recording
      * (graph_end then fails, and the stream is usable again). Ops record launch sizes from shapes and fixed
      * bounds only (e.g. attention from the block table's width, not max_kv_len), so any contents valid for
-     * those shapes replay correctly. graph_end's *out is destroyed by the caller with graph_destroy. (ABI 1.0) */
+     * those shapes replay correctly. graph_end's *out is destroyed by the caller with graph_destroy. (ABI 0.3) */
     berth_status (*graph_begin)(berth_backend *be, berth_stream *s);
     berth_status (*graph_end)(berth_backend *be, berth_stream *s, berth_graph **out);
     berth_status (*graph_launch)(berth_backend *be, berth_stream *s, berth_graph *g);
@@ -582,7 +582,7 @@ typedef struct berth_backend_vtable {
     void (*event_destroy)(berth_backend *be, berth_event *e);
     berth_status (*event_record)(berth_backend *be, berth_stream *s, berth_event *e);
     berth_status (*event_sync)(berth_backend *be, berth_event *e);
-    /* ABI 1.0: fields above. Append below only. */
+    /* ABI 0.3: fields above. Append below only. */
 } berth_backend_vtable;
 
 /* What the host hands a model plugin so it can drive the chosen backend. Valid until the model is destroyed. */

@@ -45,7 +45,7 @@ typedef struct berth_model_info {
      * (n_tokens, n_seqs, n_logits, and the same tensors and buffers in the batch) it always enqueues the same
      * ops with the same parameters, reads no h_* array to decide what to enqueue, and never syncs or transfers.
      * A replayed step does not call forward(), so plugin counters do not see it. Default (older plugin): 0.
-     * (ABI 1.0) */
+     * (ABI 0.3) */
     int32_t graph_safe;
     /* 1 when forward() accepts a batch whose h_tokens is NULL: the ids are then only in batch.tokens on the device,
      * fed there from the previous step's sample op without a round trip through the host (the host prepares step
@@ -53,7 +53,7 @@ typedef struct berth_model_info {
      * [0, vocab_size); a plugin that needs more (a smaller embedding table) leaves this 0. Default (older plugin):
      * 0, and the host always passes h_tokens. (0.3) */
     int32_t h_tokens_optional;
-    /* ABI 1.0: fields above. Append below only. */
+    /* ABI 0.3: fields above. Append below only. */
 } berth_model_info;
 
 /* ---------------------------------------------------------------------------------------------------------------

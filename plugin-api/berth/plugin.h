@@ -28,10 +28,14 @@
  *    struct_size: they can never grow without changing their parent's layout, so they are frozen for the
  *    whole major. tests/abi_layout.c asserts every public struct's offsets and sizes with literal numbers, so
  *    an accidental change fails the build.
- *  - 0.x is unstable: the host rejects plugins built for an older 0.x minor (BERTH_ABI_MINOR_MIN) and asks for
- *    a rebuild; the checks above are enforced, but any 0.x minor may still break layouts, signatures and
- *    the meaning of fields (0.2 did; docs/ABI.md, "ABI history", lists each change). Plugins built for an older
- *    0.x minor must be rebuilt: the loader cannot tell a layout break from an append. 1.0 freezes.
+ *  - 1.x is frozen: within a major nothing is removed, reordered or redefined, only appended, and every layout
+ *    stays as tests/abi_layout.c pins it. A plugin built for any 1.x minor loads on any 1.y host: an older minor
+ *    is bridged by struct_size (what it lacks reads as the documented default), a newer one is accepted with a
+ *    note (the host never reads what it does not know). An append that a caller relies on (one an older callee
+ *    would silently ignore) therefore comes with something the caller checks first, e.g. a capability bit.
+ *  - A plugin built for 0.x fails the major check and must be rebuilt. 0.x was unstable: a minor could break
+ *    layouts (0.2 did) or append a field callers relied on (0.4 to 0.6), so its loader rejected older 0.x minors
+ *    through BERTH_ABI_MINOR_MIN. 1.0 froze 0.6's layouts unchanged; docs/ABI.md, "ABI history", lists each step.
  *
  * OWNERSHIP: whoever creates an object destroys it with the matching call on the same side. Destroy/free calls
  * accept NULL. Strings and arrays a plugin returns live as long as the object they came from (or, for the
@@ -60,15 +64,12 @@
 extern "C" {
 #endif
 
-#define BERTH_ABI_MAJOR 0
-#define BERTH_ABI_MINOR 6
-/* Oldest minor the host accepts within this major. While the ABI is 0.x a minor may break layouts or add a field a
- * caller relies on; the minimum is the oldest minor still compatible. 0.4 added berth_matmul_params.x_pre, which
- * Gemma 4 sends for every post-norm: a backend built for 0.3 would ignore it (struct_size only bridges fields a
- * callee may leave at their default) and silently skip the norm, so 0.3 plugins must be rebuilt. 0.5 did the same
- * with berth_kv_append_params.q (Gemma 4's q-norm + RoPE inside kv_append), 0.6 with berth_matmul_params.y_then
- * (Gemma 4's per-layer-input products as one op). From 1.0 on it is 0 (any minor is bridged by struct_size). */
-#define BERTH_ABI_MINOR_MIN 6
+#define BERTH_ABI_MAJOR 1
+#define BERTH_ABI_MINOR 0
+/* Oldest minor the host accepts within this major: 0, so any 1.x minor loads (struct_size bridges them). 0.x set it
+ * to its oldest compatible minor, since an older 0.x plugin would have been misread; the loader's check is generic
+ * and simply never fires at 0. */
+#define BERTH_ABI_MINOR_MIN 0
 #define BERTH_PLUGIN_MAGIC 0x42525448u /* "BRTH" */
 
 /* Size of a struct up to and including `field` (ignores tail padding, which is not part of the ABI). */
