@@ -78,17 +78,18 @@ export PATH="/usr/local/cuda/bin:$PATH"
 # that ninja rebuilds them (touching the sources would make every other build folder rebuild too). (A stale
 # cuda_backend.cu object once kept reporting ABI 0.3 after the 0.4 bump: the GPU machine's registry rejected the
 # plugin and every Gemma 4 suite failed there.)
-objdir="$build/plugins/berth-backend-cuda.so.p"
+# Every folder with CUDA objects counts: the plugin's own, and the static libraries built into it (matmul_skinny.cu
+# for sm_90a, the op check). Missing the skinny library once left it reading a backend struct whose middle had
+# grown a field: a host-side SIGFPE at 8 sequences (session 26).
 oldest=
-for src in plugins/backend-cuda/*.cu; do
-    o="$objdir/backend-cuda_$(basename "$src").o"
+for o in "$build"/plugins/*.p/*.cu.o; do
     [ -f "$o" ] || continue
     if [ -z "$oldest" ] || [ "$o" -ot "$oldest" ]; then oldest=$o; fi
 done
 if [ -n "$oldest" ] && [ -n "$(find plugin-api plugins/common plugins/backend-cuda \( -name '*.h' -o -name '*.cuh' \) \
         -newer "$oldest" | head -n 1)" ]; then
     echo "gpu_prepare: a header is newer than $oldest: rebuilding $build's CUDA objects"
-    rm -f "$objdir"/backend-cuda_*.cu.o
+    rm -f "$build"/plugins/*.p/*.cu.o
 fi
 ninja -C "$build"
 meson introspect "$build" --tests > "$build/tests.json"
