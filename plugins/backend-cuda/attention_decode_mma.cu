@@ -62,10 +62,11 @@ berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s,
 static_assert(ADM_THREADS == 16 * ADM_HEADS, "the softmax gives each head 16 threads");
 
 /* STG: ring stages (ADM_STAGES; 2 in the instances for calls whose splits take at most two tiles, where the third
- * stage is never used: BERTH_CUDA_ATT_RING2) */
-template <int DP, int STG = ADM_STAGES>
+ * stage is never used: BERTH_CUDA_ATT_RING2; 1 in the one-pass instance, below). BNO: keys per tile when not 0
+ * (the one-pass instance: a split's 64 keys as one tile, scored before one softmax: BERTH_CUDA_ATT_ONEPASS). */
+template <int DP, int STG = ADM_STAGES, int BNO = 0>
 struct adm_cfg {
-    static constexpr int BN = DP > 256 ? 16 : 32; /* keys per tile: ~32 KB of K and V per tile */
+    static constexpr int BN = BNO ? BNO : DP > 256 ? 16 : 32; /* keys per tile: ~32 KB of K and V per tile */
     static constexpr int ST = DP + 8;             /* shared row stride (halves): ldmatrix conflict-free */
     static constexpr int DW = DP / 4;             /* head-dim columns per warp */
     static constexpr int PST = BN + 8;            /* P^T row stride (halves) */
@@ -160,12 +161,12 @@ __device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
 
 /* The 16-byte pieces of keys [kt0, kt0 + BN) of K and V into stage st; zero-filled for keys past k1, keys whose
  * block is not in the pool and head dims past D / DV. Keys below k1 outside [jlo, jhi) are left alone. */
-template <int DP, int STG = ADM_STAGES>
+template <int DP, int STG = ADM_STAGES, int BNO = 0>
 __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
                                           int32_t kt0, int32_t k1, int g, int st, int32_t jlo = INT32_MIN,
                                           int32_t jhi = INT32_MAX)
 {
-    using C = adm_cfg<DP, STG>;
+    using C = adm_cfg<DP, STG, BNO>;
     constexpr int CPR = DP / 8; /* pieces per row */
     uint16_t *Kd = (uint16_t *)(sm + C::k_off + st * C::tile_bytes);
     uint16_t *Vd = (uint16_t *)(sm + C::v_off + st * C::tile_bytes);
@@ -237,11 +238,12 @@ __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq,
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
 
-template <int DP, bool F16, bool MK, int STG = ADM_STAGES>
+template <int DP, bool F16, bool MK, int STG = ADM_STAGES, int BNO = 0>
 __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_args a)
 {
-    using C = adm_cfg<DP, STG>;
-    static_assert(STG == 2 || STG == 3, "a ring of two or three stages");
+    using C = adm_cfg<DP, STG, BNO>;
+    static_assert(STG >= 1 && STG <= 3, "a ring of one to three stages");
+    constexpr int PRE = STG < 2 ? STG : 2; /* tiles issued before the key loop */
     constexpr int BN = C::BN, ST = C::ST, DW = C::DW, PST = C::PST, H = ADM_HEADS;
     constexpr int MT = DW / 16; /* output m-tiles (16 dims) per warp */
     constexpr int KS = DW / 16; /* k-steps of S per warp */
@@ -305,19 +307,19 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
          * kernel before); those are copied after the wait. */
         const int32_t safe_hi = waited ? INT32_MAX : kv_len - (q1 - q0);
 #pragma unroll 1
-        for (int s0 = 0; s0 < 2; s0++) { /* the first two tiles, one group each */
+        for (int s0 = 0; s0 < PRE; s0++) { /* the first two tiles (one-pass: its one), one group each */
             if (ntiles > s0)
-                adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
+                adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
             cu_cp_commit();
         }
         if (!waited) {
             cu_pdl_wait();
             ADM_STAMP(1);
             waited = true;
-            if (ntiles > 0 && k1 > safe_hi && k0 + 2 * BN > safe_hi) { /* the same in the whole block */
+            if (ntiles > 0 && k1 > safe_hi && k0 + PRE * BN > safe_hi) { /* the same in the whole block */
 #pragma unroll 1
-                for (int s0 = 0; s0 < 2 && s0 < ntiles; s0++)
-                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
+                for (int s0 = 0; s0 < PRE && s0 < ntiles; s0++)
+                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
                 cu_cp_commit();
                 cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
             }
@@ -363,18 +365,29 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
                 cu_cp_wait<1>();
                 __syncthreads(); /* (A) tile it is visible; every thread is done with tile it - 1 */
                 if (it + 2 < ntiles)
-                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % STG);
-            } else { /* two stages: tile it + 1 (from tile 2 on; tiles 0 and 1 went before the loop) goes into
-                      * tile it - 1's stage once every thread is done with it, one tile ahead instead of two */
+                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % STG);
+                cu_cp_commit();
+            } else if constexpr (STG == 2) { /* tile it + 1 (from tile 2 on; tiles 0 and 1 went before the loop)
+                                              * goes into tile it - 1's stage once every thread is done with it,
+                                              * one tile ahead instead of two */
                 if (it == 0)
                     cu_cp_wait<1>();
                 else
                     cu_cp_wait<0>();
                 __syncthreads(); /* (A) */
                 if (it >= 1 && it + 1 < ntiles)
-                    adm_issue<DP, STG>(a, sm, bt_s, e0, k0 + (it + 1) * BN, k1, g, (it + 1) % STG);
+                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + (it + 1) * BN, k1, g, (it + 1) % STG);
+                cu_cp_commit();
+            } else { /* one stage (the one-pass instance, whose splits are one tile: the loop runs once; a longer
+                      * split, never planned, still comes out right, each further tile loaded after the last) */
+                if (it > 0) {
+                    __syncthreads(); /* every thread is done with tile it - 1 */
+                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + it * BN, k1, g, 0);
+                    cu_cp_commit();
+                }
+                cu_cp_wait<0>();
+                __syncthreads(); /* (A) */
             }
-            cu_cp_commit();
             const uint16_t *Kt = (const uint16_t *)(sm + C::k_off + st * C::tile_bytes);
             const uint16_t *Vt = (const uint16_t *)(sm + C::v_off + st * C::tile_bytes);
 
@@ -681,10 +694,10 @@ struct adm_cache {
     int bps[ADM_CACHE_DEVICES]; /* resident blocks per SM at the largest table window, 0: not set up */
 };
 
-template <int DP, bool F16, int STG>
+template <int DP, bool F16, int STG, int BNO = 0>
 static void (*adm_fn(bool mk))(const adm_args)
 {
-    return mk ? attn_decode_mma_kernel<DP, F16, true, STG> : attn_decode_mma_kernel<DP, F16, false, STG>;
+    return mk ? attn_decode_mma_kernel<DP, F16, true, STG, BNO> : attn_decode_mma_kernel<DP, F16, false, STG, BNO>;
 }
 
 /* The instance for head-dim bucket dp (adm_dp), cache dtype, merge mode and ring stages (2 or 3). */
@@ -719,6 +732,23 @@ static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES)
 {
     const size_t off = stg == 2 ? adm_bt_off<2>(dp) : adm_bt_off<ADM_STAGES>(dp);
     return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
+}
+
+/* The one-pass instance (BERTH_CUDA_ATT_ONEPASS): head dim 256, splits of 64 keys (two of the usual tiles) as one
+ * tile in one stage, so each split runs the tile chain (barrier, scores, barrier, softmax, barrier, PV) once
+ * instead of twice; its K and V stage take the shared memory of the two-stage ring's two (~80 KiB a block: two
+ * blocks an SM, as that instance). */
+#define ADM_ONEPASS_DP 256
+#define ADM_ONEPASS_BN 64
+static void (*adm_fn_onepass(bool f16, bool mk))(const adm_args)
+{
+    return f16 ? adm_fn<ADM_ONEPASS_DP, true, 1, ADM_ONEPASS_BN>(mk)
+               : adm_fn<ADM_ONEPASS_DP, false, 1, ADM_ONEPASS_BN>(mk);
+}
+
+static size_t adm_smem_onepass(int bt_n)
+{
+    return adm_cfg<ADM_ONEPASS_DP, 1, ADM_ONEPASS_BN>::bt_off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
 }
 
 static int adm_bn(int dp)
@@ -997,6 +1027,21 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         }
         fn = fn2;
         smem = smem2;
+    }
+    /* BERTH_CUDA_ATT_ONEPASS: splits of exactly two tiles at head dim 256 (E2B's sliding layers at 8-32 sequences)
+     * on the one-pass instance; same splits, one tile each. Its table window: per_max keys at block size 1 at
+     * most, plus the entry a split may straddle. */
+    if (be->att_onepass && dp == ADM_ONEPASS_DP && per_max == ADM_ONEPASS_BN && bn * 2 == ADM_ONEPASS_BN) {
+        void (*fn1)(const adm_args) = adm_fn_onepass(f16, mk);
+        if (!reserve_only) {
+            berth_status st = cu_check(be, cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                (int)adm_smem_onepass(ADM_ONEPASS_BN + 2)),
+                                       "cudaFuncSetAttribute (attn_decode_mma_kernel shared memory)");
+            if (st != BERTH_OK)
+                return st;
+        }
+        fn = fn1;
+        smem = adm_smem_onepass(bt_n);
     }
     const int64_t blocks = (int64_t)ns * base;
     const int64_t m_chunks = (n_rep * (DV / 4) + ADM_THREADS - 1) / ADM_THREADS;
