@@ -66,7 +66,8 @@ static_assert(ADM_THREADS == 16 * ADM_HEADS, "the softmax gives each head 16 thr
  * (the one-pass instance: a split's 64 keys as one tile, scored before one softmax: BERTH_CUDA_ATT_ONEPASS). */
 template <int DP, int STG = ADM_STAGES, int BNO = 0>
 struct adm_cfg {
-    static constexpr int BN = BNO ? BNO : DP > 256 ? 16 : 32; /* keys per tile: ~32 KB of K and V per tile */
+    static constexpr int BN0 = DP > 256 ? 16 : 32;  /* the usual keys per tile: ~32 KB of K and V per tile */
+    static constexpr int BN = BNO ? BNO : BN0;      /* keys per tile */
     static constexpr int ST = DP + 8;             /* shared row stride (halves): ldmatrix conflict-free */
     static constexpr int DW = DP / 4;             /* head-dim columns per warp */
     static constexpr int PST = BN + 8;            /* P^T row stride (halves) */
@@ -238,8 +239,16 @@ __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq,
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
 
+template <int DP, bool F16, bool MK, int STG, int BNO>
+struct adm_min_blocks { /* __launch_bounds__'s second argument: 0 (none) but for the one-pass instance, whose
+                         * shared memory allows two blocks an SM anyway: without it ptxas capped that instance at
+                         * 128 registers and spilled (a helper's review, session 25) */
+    static constexpr int value = STG == 1 ? 2 : 0;
+};
+
 template <int DP, bool F16, bool MK, int STG = ADM_STAGES, int BNO = 0>
-__global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_args a)
+__global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG, BNO>::value))
+    attn_decode_mma_kernel(const adm_args a)
 {
     using C = adm_cfg<DP, STG, BNO>;
     static_assert(STG >= 1 && STG <= 3, "a ring of one to three stages");
@@ -287,7 +296,7 @@ __global__ void __launch_bounds__(ADM_THREADS) attn_decode_mma_kernel(const adm_
         int32_t lo, hi;
         cu_attn_row_range(a.mask, a.window, a.positions[t], kv_len, &lo, &hi);
         int32_t per = (hi - lo + a.ns - 1) / a.ns;
-        per = (per + BN - 1) / BN * BN;
+        per = (per + C::BN0 - 1) / C::BN0 * C::BN0; /* the usual tiles' multiple: the same splits in every instance */
         per = per < a.per_max ? per : a.per_max;
         const int32_t k0 = lo + split * per;
         int32_t k1 = k0 + per < hi ? k0 + per : hi;
@@ -734,10 +743,12 @@ static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES)
     return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
 }
 
-/* The one-pass instance (BERTH_CUDA_ATT_ONEPASS): head dim 256, splits of 64 keys (two of the usual tiles) as one
- * tile in one stage, so each split runs the tile chain (barrier, scores, barrier, softmax, barrier, PV) once
- * instead of twice; its K and V stage take the shared memory of the two-stage ring's two (~80 KiB a block: two
- * blocks an SM, as that instance). */
+/* The one-pass instance (BERTH_CUDA_ATT_ONEPASS): head dim 256, splits of up to 64 keys (two of the usual tiles)
+ * as one tile in one stage, so each split runs the tile chain (barrier, scores, barrier, softmax, barrier, PV)
+ * once instead of twice. Its K and V stage take the shared memory of the two-stage ring's two stages (~81 KiB a
+ * block: two blocks an SM, as the three-stage default; the two-stage instance fits three). The keys of a split are
+ * the other instances' (per rounded to their 32-key tiles); its P is rounded against the maximum over the split's
+ * 64 keys rather than over the first 32, so results agree within the rounding contract, not bit for bit. */
 #define ADM_ONEPASS_DP 256
 #define ADM_ONEPASS_BN 64
 static void (*adm_fn_onepass(bool f16, bool mk))(const adm_args)
@@ -1028,9 +1039,10 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         fn = fn2;
         smem = smem2;
     }
-    /* BERTH_CUDA_ATT_ONEPASS: splits of exactly two tiles at head dim 256 (E2B's sliding layers at 8-32 sequences)
-     * on the one-pass instance; same splits, one tile each. Its table window: per_max keys at block size 1 at
-     * most, plus the entry a split may straddle. */
+    /* BERTH_CUDA_ATT_ONEPASS (over BERTH_CUDA_ATT_RING2 where both apply): splits of two tiles at most at head
+     * dim 256 whose bound is two (E2B's sliding layers at 8-32 sequences) on the one-pass instance: the same
+     * splits, one tile each. Its table window: per_max keys at block size 1 at most, plus the entry a split may
+     * straddle. */
     if (be->att_onepass && dp == ADM_ONEPASS_DP && per_max == ADM_ONEPASS_BN && bn * 2 == ADM_ONEPASS_BN) {
         void (*fn1)(const adm_args) = adm_fn_onepass(f16, mk);
         if (!reserve_only) {
