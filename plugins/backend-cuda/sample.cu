@@ -661,8 +661,17 @@ __global__ void __launch_bounds__(SMP_THREADS) smp_rows_kernel(const smp_args a)
 #define SMP_AM_SEG 2048        /* fewest entries per block: 8 per thread */
 #define SMP_AM_MAX_BLOCKS 1024 /* segments per row (the merge's warp takes 32 each at most) */
 #define SMP_AM_UNROLL 8        /* loads in flight per thread */
+/* Rows of 16-byte aligned float4s (V % 4 == 0, aligned rows): each thread loads SMP_AM_VUNROLL float4s a round, and
+ * a block takes at least SMP_AM_VSEG entries (two rounds). At E2B's 262144 logits x 32 rows that is 1024 blocks
+ * instead of 4096 one-round blocks of scalar loads: the logits the LM head just wrote are read in ~one wave with
+ * 64 bytes in flight per thread (the scalar path: 13.7 us a decode step at 32 sequences, bench/RESULTS.md
+ * session 25). */
+#define SMP_AM_VUNROLL 4
+#define SMP_AM_VSEG (2 * SMP_AM_VUNROLL * 4 * SMP_AM_THREADS)
 
-/* The best (value, id) of segment blockIdx.x of row r, by the whole block, stored as smp_argmax_part_kernel says. */
+/* The best (value, id) of segment blockIdx.x of row r, by the whole block, stored as smp_argmax_part_kernel says.
+ * VEC: float4 loads (V, seg and the row's address multiples of 4 floats). */
+template <bool VEC>
 __device__ __forceinline__ void smp_argmax_segment(const char *logits, int64_t nb1, int V, int r, int seg,
                                                    float *part_v, int *part_i, int32_t *ids, float *shv, int *shi)
 {
@@ -671,20 +680,44 @@ __device__ __forceinline__ void smp_argmax_segment(const char *logits, int64_t n
     const int start = b * seg, end = V - start < seg ? V : start + seg;
     float best = -INFINITY;
     int arg = -1;
-    for (int i0 = start + (int)threadIdx.x; i0 < end; i0 += SMP_AM_UNROLL * SMP_AM_THREADS) {
-        float v[SMP_AM_UNROLL];
+    if constexpr (VEC) {
+        const float4 *x4 = (const float4 *)x;
+        const int end4 = end / 4;
+        for (int j0 = start / 4 + (int)threadIdx.x; j0 < end4; j0 += SMP_AM_VUNROLL * SMP_AM_THREADS) {
+            float4 v[SMP_AM_VUNROLL];
 #pragma unroll
-        for (int k = 0; k < SMP_AM_UNROLL; k++) {
-            const int i = i0 + k * SMP_AM_THREADS;
-            v[k] = i < end ? x[i] : 0.0f;
+            for (int k = 0; k < SMP_AM_VUNROLL; k++) {
+                const int j = j0 + k * SMP_AM_THREADS;
+                v[k] = j < end4 ? x4[j] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int k = 0; k < SMP_AM_VUNROLL; k++) { /* ids rise with k, then within the float4 */
+                const int j = j0 + k * SMP_AM_THREADS;
+                const float f[4] = {smp_nonan(v[k].x), smp_nonan(v[k].y), smp_nonan(v[k].z), smp_nonan(v[k].w)};
+#pragma unroll
+                for (int c = 0; c < 4; c++)
+                    if (j < end4 && (arg < 0 || f[c] > best)) {
+                        best = f[c];
+                        arg = 4 * j + c;
+                    }
+            }
         }
+    } else {
+        for (int i0 = start + (int)threadIdx.x; i0 < end; i0 += SMP_AM_UNROLL * SMP_AM_THREADS) {
+            float v[SMP_AM_UNROLL];
 #pragma unroll
-        for (int k = 0; k < SMP_AM_UNROLL; k++) { /* ids rise with k: a strict > keeps the first of equals */
-            const int i = i0 + k * SMP_AM_THREADS;
-            const float f = smp_nonan(v[k]);
-            if (i < end && (arg < 0 || f > best)) {
-                best = f;
-                arg = i;
+            for (int k = 0; k < SMP_AM_UNROLL; k++) {
+                const int i = i0 + k * SMP_AM_THREADS;
+                v[k] = i < end ? x[i] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < SMP_AM_UNROLL; k++) { /* ids rise with k: a strict > keeps the first of equals */
+                const int i = i0 + k * SMP_AM_THREADS;
+                const float f = smp_nonan(v[k]);
+                if (i < end && (arg < 0 || f > best)) {
+                    best = f;
+                    arg = i;
+                }
             }
         }
     }
@@ -713,7 +746,8 @@ __device__ __forceinline__ void smp_argmax_segment(const char *logits, int64_t n
 
 /* One block per (segment, row) (rows beyond gridDim.y loop): the segment's best (value, id) to
  * part[r * gridDim.x + b], or, when the row is a single segment, its id to ids[r]. Launched through cu_launch
- * (cuda_launch.cuh's contract). */
+ * (cuda_launch.cuh's contract). VEC: smp_argmax_segment's float4 loads. */
+template <bool VEC>
 __global__ void __launch_bounds__(SMP_AM_THREADS) smp_argmax_part_kernel(const char *logits, int64_t nb1, int V,
                                                                           int R, int seg, float *part_v,
                                                                           int *part_i, int32_t *ids)
@@ -723,7 +757,7 @@ __global__ void __launch_bounds__(SMP_AM_THREADS) smp_argmax_part_kernel(const c
     cu_pdl_trigger();
     cu_pdl_wait();
     for (int r = blockIdx.y; r < R; r += gridDim.y) /* uniform over the block */
-        smp_argmax_segment(logits, nb1, V, r, seg, part_v, part_i, ids, shv, shi);
+        smp_argmax_segment<VEC>(logits, nb1, V, r, seg, part_v, part_i, ids, shv, shi);
 }
 
 /* One warp per row: the best of the row's nparts segment results (ties to the lower id). */
@@ -752,9 +786,14 @@ __global__ void __launch_bounds__(32) smp_argmax_merge_kernel(const float *part_
 static berth_status smp_argmax(berth_backend *be, berth_stream *s, const berth_sample_params *p, int64_t V,
                                int32_t R, int32_t *ids)
 {
-    int64_t nparts = (V + SMP_AM_SEG - 1) / SMP_AM_SEG;
+    const char *lg = (const char *)cu_ptr(&p->logits);
+    const bool vec = V % 4 == 0 && p->logits.nb[1] % 16 == 0 && ((uintptr_t)lg & 15u) == 0;
+    const int64_t min_seg = vec ? SMP_AM_VSEG : SMP_AM_SEG;
+    int64_t nparts = (V + min_seg - 1) / min_seg;
     nparts = nparts < 1 ? 1 : nparts > SMP_AM_MAX_BLOCKS ? SMP_AM_MAX_BLOCKS : nparts;
-    const int seg = (int)((V + nparts - 1) / nparts);
+    int seg = (int)((V + nparts - 1) / nparts);
+    if (vec) /* whole float4s: segment b starts at float4 b * seg / 4 */
+        seg = (seg + 3) / 4 * 4;
     float *part_v = NULL;
     int *part_i = NULL;
     if (nparts > 1) {
@@ -767,9 +806,10 @@ static berth_status smp_argmax(berth_backend *be, berth_stream *s, const berth_s
         part_i = (int *)(part_v + n);
     }
     const dim3 grid((unsigned)nparts, (unsigned)(R < 65535 ? R : 65535));
-    cudaError_t e = cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel,
-                              (const char *)cu_ptr(&p->logits), (int64_t)p->logits.nb[1], (int)V, (int)R, seg,
-                              part_v, part_i, ids);
+    cudaError_t e = vec ? cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel<true>, lg,
+                                    (int64_t)p->logits.nb[1], (int)V, (int)R, seg, part_v, part_i, ids)
+                        : cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel<false>, lg,
+                                    (int64_t)p->logits.nb[1], (int)V, (int)R, seg, part_v, part_i, ids);
     berth_status st = cu_check(be, e, "sample: smp_argmax_part_kernel");
     if (st != BERTH_OK || nparts == 1)
         return st;

@@ -506,18 +506,24 @@ END_TEST
 
 START_TEST(test_greedy_argmax_blocks)
 {
-    /* The greedy fast path cuts each row into segments (at least 2048 entries, at most 1024 per row; one block
-     * each) and merges the segments' bests: ties across a segment boundary and across segments far apart (the
-     * lower id wins), the maximum in the last entry and in the first, a row of -inf only (id 0), NaN entries
-     * (ranked as -inf); V = 2048 (one segment, no merge), 2049 (a 1-entry-short second segment), 262144 (128
-     * segments), 3000001 (1024 segments of 2930 entries, the last one shorter); packed and padded rows. */
+    /* The greedy fast path cuts each row into segments (at least 2048 entries — 8192 where rows are whole float4s,
+     * V % 4 == 0 and 16-byte aligned, read with float4 loads — at most 1024 per row; one block each) and merges the
+     * segments' bests: ties across a segment boundary and across segments far apart (the lower id wins), the
+     * maximum in the last entry and in the first, a row of -inf only (id 0), NaN entries (ranked as -inf); V =
+     * 2048 (one segment, no merge), 2049 (a 1-entry-short second segment), 262144 (32 float4 segments packed, 128
+     * scalar ones padded), 3000001 (1024 segments of 2930 entries, the last one shorter); packed and padded rows
+     * (a pad of 13 floats: rows not 16-byte aligned, the scalar loads). */
     const int64_t Vs[4] = {2048, 2049, 262144, 3000001};
     for (int vi = 0; vi < 4; vi++)
         for (int pad = 0; pad < 2; pad++) {
             const int64_t V = Vs[vi];
-            int64_t nparts = (V + 2047) / 2048;
+            const int vec = V % 4 == 0 && !pad; /* the kernel's float4 path */
+            const int64_t min_seg = vec ? 8192 : 2048;
+            int64_t nparts = (V + min_seg - 1) / min_seg;
             nparts = nparts > 1024 ? 1024 : nparts;
-            const int64_t seg = (V + nparts - 1) / nparts; /* the kernel's segment length */
+            int64_t seg = (V + nparts - 1) / nparts; /* the kernel's segment length */
+            if (vec)
+                seg = (seg + 3) / 4 * 4;
             const int64_t edge = seg < V ? seg : V / 2;   /* first id of segment 1 (or mid-row) */
             struct scase c = scase_new("greedy segments", V, 5, 0, 0, 1.0);
             c.pad = pad ? 13 : 0;
