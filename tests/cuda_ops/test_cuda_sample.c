@@ -510,14 +510,16 @@ START_TEST(test_greedy_argmax_blocks)
      * V % 4 == 0 and 16-byte aligned, read with float4 loads — at most 1024 per row; one block each) and merges the
      * segments' bests: ties across a segment boundary and across segments far apart (the lower id wins), the
      * maximum in the last entry and in the first, a row of -inf only (id 0), NaN entries (ranked as -inf); V =
-     * 2048 (one segment, no merge), 2049 (a 1-entry-short second segment), 262144 (32 float4 segments packed, 128
-     * scalar ones padded), 3000001 (1024 segments of 2930 entries, the last one shorter); packed and padded rows
-     * (a pad of 13 floats: rows not 16-byte aligned, the scalar loads). */
-    const int64_t Vs[4] = {2048, 2049, 262144, 3000001};
-    for (int vi = 0; vi < 4; vi++)
-        for (int pad = 0; pad < 2; pad++) {
+     * 2048 (one segment, no merge), 2049 (a 1-entry-short second segment), 262144 (32 float4 segments, 128 scalar
+     * ones with the odd pad), 3000001 (1024 segments of 2930 entries, the last one shorter), 3000004 (367 float4
+     * segments of 8176 entries, the last one shorter); packed rows and rows padded by 13 floats (not 16-byte
+     * aligned: the scalar loads) and by 4 (16-byte aligned: float4 loads, the pad's sentinels right behind). */
+    const int64_t Vs[5] = {2048, 2049, 262144, 3000001, 3000004};
+    const int64_t pads[3] = {0, 13, 4};
+    for (int vi = 0; vi < 5; vi++)
+        for (int pad = 0; pad < 3; pad++) {
             const int64_t V = Vs[vi];
-            const int vec = V % 4 == 0 && !pad; /* the kernel's float4 path */
+            const int vec = V % 4 == 0 && pads[pad] % 4 == 0; /* the kernel's float4 path */
             const int64_t min_seg = vec ? 8192 : 2048;
             int64_t nparts = (V + min_seg - 1) / min_seg;
             nparts = nparts > 1024 ? 1024 : nparts;
@@ -526,7 +528,7 @@ START_TEST(test_greedy_argmax_blocks)
                 seg = (seg + 3) / 4 * 4;
             const int64_t edge = seg < V ? seg : V / 2;   /* first id of segment 1 (or mid-row) */
             struct scase c = scase_new("greedy segments", V, 5, 0, 0, 1.0);
-            c.pad = pad ? 13 : 0;
+            c.pad = pads[pad];
             int32_t expect[5];
             for (int32_t r = 0; r < c.R; r++) {
                 float *x = c.x + (int64_t)r * V;
@@ -563,8 +565,8 @@ START_TEST(test_greedy_argmax_blocks)
             int32_t *ids = NULL;
             check_sample(&c, &ids);
             for (int32_t r = 0; r < c.R; r++)
-                ck_assert_msg(ids[r] == expect[r], "greedy segments V %" PRId64 " pad %d row %d: id %d, expected %d",
-                              V, pad, r, ids[r], expect[r]);
+                ck_assert_msg(ids[r] == expect[r], "greedy segments V %" PRId64 " pad %" PRId64 " row %d: id %d, expected %d",
+                              V, pads[pad], r, ids[r], expect[r]);
             free(ids);
             scase_free(&c);
         }
