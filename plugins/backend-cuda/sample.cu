@@ -665,8 +665,11 @@ __global__ void __launch_bounds__(SMP_THREADS) smp_rows_kernel(const smp_args a)
  * a block takes at least SMP_AM_VSEG entries (two rounds). At E2B's 262144 logits x 32 rows that is 1024 blocks
  * instead of 4096 one-round blocks of scalar loads: the logits the LM head just wrote are read in ~one wave with
  * 64 bytes in flight per thread (the scalar path: 13.7 us a decode step at 32 sequences, bench/RESULTS.md
- * session 25). */
+ * session 25). Only where that still makes SMP_AM_VGRID blocks in all: with fewer rows the scalar path's smaller
+ * segments pull a row faster (one row of 262144 in 32 float4 blocks cost ~2 us a step at batch 1 against 128
+ * scalar ones, bench/RESULTS.md session 26). */
 #define SMP_AM_VUNROLL 4
+#define SMP_AM_VGRID 1024
 #define SMP_AM_VSEG (2 * SMP_AM_VUNROLL * 4 * SMP_AM_THREADS)
 
 /* The best (value, id) of segment blockIdx.x of row r, by the whole block, stored as smp_argmax_part_kernel says.
@@ -787,7 +790,8 @@ static berth_status smp_argmax(berth_backend *be, berth_stream *s, const berth_s
                                int32_t R, int32_t *ids)
 {
     const char *lg = (const char *)cu_ptr(&p->logits);
-    const bool vec = V % 4 == 0 && p->logits.nb[1] % 16 == 0 && ((uintptr_t)lg & 15u) == 0;
+    const bool vec = V % 4 == 0 && p->logits.nb[1] % 16 == 0 && ((uintptr_t)lg & 15u) == 0 &&
+                     (int64_t)R * ((V + SMP_AM_VSEG - 1) / SMP_AM_VSEG) >= SMP_AM_VGRID;
     const int64_t min_seg = vec ? SMP_AM_VSEG : SMP_AM_SEG;
     int64_t nparts = (V + min_seg - 1) / min_seg;
     nparts = nparts < 1 ? 1 : nparts > SMP_AM_MAX_BLOCKS ? SMP_AM_MAX_BLOCKS : nparts;
