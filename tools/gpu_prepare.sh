@@ -74,12 +74,12 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 # This meson does not give nvcc its dependency files (plugins/backend-cuda/README.md): when a header the CUDA
-# plugin includes is newer than the oldest object of its current sources, delete this folder's CUDA objects so
+# plugin includes is newer than the oldest CUDA object of this build folder, delete all its CUDA objects so
 # that ninja rebuilds them (touching the sources would make every other build folder rebuild too). (A stale
 # cuda_backend.cu object once kept reporting ABI 0.3 after the 0.4 bump: the GPU machine's registry rejected the
 # plugin and every Gemma 4 suite failed there.)
-# Every folder with CUDA objects counts: the plugin's own, and the static libraries built into it (matmul_skinny.cu
-# for sm_90a, the op check). Missing the skinny library once left it reading a backend struct whose middle had
+# Every folder with CUDA objects counts: the plugin's own and the static library of matmul_skinny.cu (built for
+# sm_90a too) linked into it. Missing the skinny library once left it reading a backend struct whose middle had
 # grown a field: a host-side SIGFPE at 8 sequences (session 26).
 oldest=
 for o in "$build"/plugins/*.p/*.cu.o; do

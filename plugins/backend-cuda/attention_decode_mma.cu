@@ -15,7 +15,9 @@
  * head, split of the row's visible keys); the split count fills about one wave of the GPU and gives each split
  * at least a tile of keys; each row cuts its OWN visible range (read on the device) into that many pieces. A block
  * of 4 warps streams its keys in tiles of BN (32, 16 at head dim 512) through a 3-stage cp.async ring (two tiles
- * in flight from the start). Per tile, three barriers:
+ * in flight from the start); at head dim 256, splits of two tiles at most (E2B's sliding layers at 8-32
+ * sequences) go by default to the one-pass instance instead: the split's keys as one 64-key tile in one stage, so
+ * the chain below runs once (BERTH_CUDA_ATT_ONEPASS, adm_fn_onepass). Per tile, three barriers:
  *   (A) tile t landed; tile t+2 is issued into the stage tile t-1 left;
  *   each warp contracts its quarter of the head dim: partial S^T of all BN keys x 8 heads (ldmatrix K as A, q^T
  *   fragments in registers as B), written to shared memory; (B) the softmax threads (16 per head) add the four

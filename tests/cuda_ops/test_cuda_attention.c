@@ -1216,6 +1216,14 @@ static const struct dec_case dec_cases[] = {
      BF16, 512, 512, 1, 8, 16, 0, 1, {640}, CAUSAL, 0, 1.0f, 0.0f, 0, 256, 3},
     {"graph: E2B sliding d256 bf16 rep8 window 512, 8 seqs, table of 64 blocks, softcap",
      BF16, 256, 256, 1, 8, 16, 0, 8, {640, 1, 0, 512, 513, 100, 17, 1000}, CAUSAL, 512, 1.0f, 30.0f, 0, 64, 3},
+    /* the same shapes on an f16 cache: the tensor-core decode kernel's f16 instances at head dim 256, the one-pass
+     * ones (BERTH_CUDA_ATT_ONEPASS, the default) among them */
+    {"graph: sliding d256 f16 rep8 window 512, 8 seqs, table of 64 blocks, softcap",
+     F16, 256, 256, 1, 8, 16, 0, 8, {640, 1, 0, 512, 513, 100, 17, 1000}, CAUSAL, 512, 1.0f, 30.0f, 0, 64, 3},
+    {"dec d256 f16 rep8 window 512, 24 seqs of mixed lengths",
+     F16, 256, 256, 1, 8, 16, 0, 24,
+     {700, 0, 1, 17, 64, 65, 300, 511, 512, 513, 90, 640, 33, 200, 5, 450, 600, 129, 2, 48, 256, 257, 380, 16},
+     CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
     {"graph: d512/dv500 f32 rep16 (four head groups) bs16 unaligned rows, 2 seqs, table of 20 blocks",
      F32, 512, 500, 1, 16, 16, 2, 2, {300, 2}, CAUSAL, 0, 0.0441942f, 0.0f, 1, 20, 3},
 };

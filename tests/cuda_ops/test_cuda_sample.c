@@ -511,13 +511,14 @@ START_TEST(test_greedy_argmax_blocks)
      * at most 1024 per row; one block each) and merges the segments' bests: ties across a segment boundary and
      * across segments far apart (the lower id wins), the maximum in the last entry and in the first, a row of -inf
      * only (id 0), NaN entries (ranked as -inf); V = 2048 (one segment, no merge), 2049 (a 1-entry-short second
-     * segment), 262144 (128 scalar segments: five rows of 32 float4 ones would be too few blocks), 3000001 (1024
+     * segment), 262144 (128 scalar segments: five rows of 32 float4 ones would be too few blocks), 1679360 (205
+     * float4 segments of exactly 8192 entries, as a decode step's 32 x 262144 makes), 3000001 (1024
      * segments of 2930 entries, the last one shorter), 3000004 (367 float4 segments of 8176 entries, the last one
      * shorter); packed rows and rows padded by 13 floats (not 16-byte aligned: the scalar loads) and by 4 (16-byte
      * aligned: float4 loads where V allows, the pad's sentinels right behind). */
-    const int64_t Vs[5] = {2048, 2049, 262144, 3000001, 3000004};
+    const int64_t Vs[6] = {2048, 2049, 262144, 1679360, 3000001, 3000004};
     const int64_t pads[3] = {0, 13, 4};
-    for (int vi = 0; vi < 5; vi++)
+    for (int vi = 0; vi < 6; vi++)
         for (int pad = 0; pad < 3; pad++) {
             const int64_t V = Vs[vi];
             const int vec = V % 4 == 0 && pads[pad] % 4 == 0 && 5 * ((V + 8191) / 8192) >= 1024; /* float4 path */
