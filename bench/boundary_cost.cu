@@ -21,6 +21,7 @@
  *
  *   build/bench/bench_boundary_cost [--reps N] [--blocks-per-sm B] [--ring-kb K] [--xread F] [--layers L]
  *                                   [--bytes-scale F] [--nodep 1] [--fence 0] [--pdl 0] [--fanin F]
+ *                                   [--tail MASK [--tail-blocks T]] [--fold MASK [--fold-cs C]]
  * --bytes-scale multiplies every stage's bytes (0: the dependency chain alone); --nodep 1 lets the persistent
  * kernels run without waiting for the previous stage (what the waits cost; their outputs then differ); --fence 0
  * drops the __threadfence() before each arrival (the release add alone orders the block's stores, after its
@@ -34,11 +35,20 @@
  * last wait until all have, then do the folded stage's work for all of its blocks (the same loads and stores,
  * the same output bits) — what finishing a post-norm in the split product's last cluster would cost against a
  * launch of its own (docs/cuda-decode-step.md, session 22). Needs --fanin 1.
+ * --fold MASK adds a sixth graph, "chain, folded": the byte-less stages of MASK (the same bits) are not launched at
+ * all, and the stage after each runs as thread-block clusters of --fold-cs C blocks (default 8) whose prologue does
+ * what a post-norm folded into a split consumer would (docs/cuda-decode-step.md, session 26): after the PDL wait,
+ * read its slice of the producer's output and of the residual (2 x --xread floats a thread), a block sum, a cluster
+ * barrier and the C ranks' sums through distributed shared memory (1/rms of o), a second block sum, barrier and
+ * exchange (1/rms of h), then the stage's own work without its x reads (the prologue's loads stand for them).
+ * What it answers: whether two in-cluster reductions cost less than the ~2 us launch boundary they replace. The
+ * folded graph computes something else (its output is not compared). Needs --fanin 1.
  *
  * Why a synthetic: docs/cuda-decode-step.md's persistent-kernel design rests on the estimate that the ~430
  * dependent grids cost ~2-2.5 us each beyond their bytes; this measures that directly, and the best a persistent
  * kernel could do with the same dependencies, before anyone builds one.
  */
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <stdint.h>
@@ -82,6 +92,7 @@ struct params {
     int fanin;           /* block j depends on the blocks b of the previous stage with b % fanin == j % fanin */
     int tail;            /* chain: this launch also does stage s0 + 1 (byte-less) in its last tail_blocks blocks */
     int tail_blocks;
+    int fold_src;        /* fold_kernel: the x buffer it reads as the producer's output (the dropped norm's input) */
 };
 
 __device__ __forceinline__ void cp16(void *dst, const void *src)
@@ -144,17 +155,18 @@ __device__ __forceinline__ float out_value(const params &p, float xs, uint32_t t
 
 /* Everything of stage s after its dependency is met: read the previous output's slice, stream the rest of the
  * weights through the ring, write this block's slice of the output. */
-__device__ __forceinline__ void body(const params &p, int s, unsigned char *ring, int blk)
+__device__ __forceinline__ void body(const params &p, int s, unsigned char *ring, int blk, int xr = -1,
+                                     float xs0 = 0.0f)
 {
     __shared__ uint32_t wsum[THREADS / 32];
     const stage st = p.st[s];
     const float *xin = p.x + (int64_t)s * XFLOATS;
     float *xout = p.x + (int64_t)(s + 1) * XFLOATS;
     /* the previous output, spread over all of its producers (ld.cg: another SM wrote it) */
-    float xs = 0.0f;
+    float xs = xs0;
     /* block b writes outputs [b * per_out, (b + 1) * per_out), the last block the rest too */
     const int per_out = XFLOATS / p.bpg;
-    for (int i = 0; i < p.xread; i++) {
+    for (int i = 0; i < (xr < 0 ? p.xread : xr); i++) {
         int idx;
         if (p.fanin == 1) {
             idx = x_index_all(p, blk, i);
@@ -261,6 +273,59 @@ __global__ void __launch_bounds__(THREADS) chain_kernel(const params p)
     tail_body(p, p.s0 + 1, (int)ticket - first);
 }
 
+/* The sum of v over the block (every thread gets it); red: THREADS / 32 floats of shared memory. */
+__device__ __forceinline__ float block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < THREADS / 32; i++)
+        t += red[i];
+    __syncthreads(); /* red is free again */
+    return t;
+}
+
+/* --fold: stage s0 with the post-norm before it done in its prologue, across its cluster (see the header). */
+__global__ void __launch_bounds__(THREADS) fold_kernel(const params p)
+{
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    __shared__ float red[THREADS / 32];
+    __shared__ float part[2]; /* this block's two sums, read by the cluster's other ranks */
+    asm volatile("griddepcontrol.launch_dependents;" ::);
+    prologue(p, p.s0, smem);
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    const float *xo = p.x + (int64_t)p.fold_src * XFLOATS;           /* the producer's output (the norm's x) */
+    const float *xres = p.x + (int64_t)(p.fold_src > 0 ? p.fold_src - 1 : 0) * XFLOATS; /* stands for the residual */
+    float a = 0.0f, r = 0.0f;
+    for (int i = 0; i < p.xread; i++) { /* the slices of o and of the residual, loads in flight together */
+        const int idx = x_index_all(p, blockIdx.x, i);
+        a += __ldcg(xo + idx);
+        r += __ldcg(xres + idx);
+    }
+    const unsigned ranks = cl.num_blocks();
+    float t = block_sum(a * a, red); /* sum of o^2 over this block's slice */
+    if (threadIdx.x == 0)
+        part[0] = t;
+    cl.sync();
+    float s1 = 0.0f;
+    for (unsigned k = 0; k < ranks; k++)
+        s1 += *cl.map_shared_rank(&part[0], k);
+    const float h = r + a * rsqrtf(s1 * (1.0f / 1536.0f) + 1e-6f); /* h = res + o / rms(o) */
+    t = block_sum(h * h, red);
+    if (threadIdx.x == 0)
+        part[1] = t;
+    cl.sync();
+    float s2 = 0.0f;
+    for (unsigned k = 0; k < ranks; k++)
+        s2 += *cl.map_shared_rank(&part[1], k);
+    cl.sync(); /* no rank leaves (its shared memory) while another may still read it */
+    body(p, p.s0, smem, blockIdx.x, 0, h * rsqrtf(s2 * (1.0f / 1536.0f) + 1e-6f));
+}
+
 template <bool CALL>
 __global__ void __launch_bounds__(THREADS) persistent_kernel(const params p)
 {
@@ -338,7 +403,7 @@ static float median(std::vector<float> v)
 int main(int argc, char **argv)
 {
     int reps = 20, bps = 2, ring_kb = 64, xread = 8, layers = 35, nodep = 0, fence = 1, pdl = 1, fanin = 1;
-    int tail = 0, tail_blocks = 8;
+    int tail = 0, tail_blocks = 8, fold = 0, fold_cs = 8;
     double scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -354,6 +419,8 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--fanin")) fanin = v;
         else if (!strcmp(a, "--tail")) tail = v;
         else if (!strcmp(a, "--tail-blocks")) tail_blocks = v;
+        else if (!strcmp(a, "--fold")) fold = v;
+        else if (!strcmp(a, "--fold-cs")) fold_cs = v;
         else if (!strcmp(a, "--reps")) reps = v;
         else if (!strcmp(a, "--blocks-per-sm")) bps = v;
         else if (!strcmp(a, "--ring-kb")) ring_kb = v;
@@ -400,6 +467,28 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    if (fold < 0 || fold > 31 || (fold && fanin != 1) || fold_cs < 1 || fold_cs > 8 || G % fold_cs != 0) {
+        fprintf(stderr, "bench_boundary_cost: --fold is a mask in 0..31 (with --fanin 1), --fold-cs 1..8 dividing "
+                        "the grid of %d blocks\n", G);
+        return 2;
+    }
+    CK(cudaFuncSetAttribute(fold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem_bytes));
+    int fold_resident = 0; /* clusters of fold_cs resident at once: fewer than the grid's would add a second wave */
+    if (fold) {
+        cudaLaunchConfig_t oc = {};
+        oc.gridDim = dim3(G);
+        oc.blockDim = dim3(THREADS);
+        oc.dynamicSmemBytes = smem_bytes;
+        cudaLaunchAttribute ca[1];
+        ca[0].id = cudaLaunchAttributeClusterDimension;
+        ca[0].val.clusterDim.x = (unsigned)fold_cs;
+        ca[0].val.clusterDim.y = 1;
+        ca[0].val.clusterDim.z = 1;
+        oc.attrs = ca;
+        oc.numAttrs = 1;
+        CK(cudaOccupancyMaxActiveClusters(&fold_resident, fold_kernel, &oc));
+    }
+
     const std::vector<int64_t> sb = e2b_stages(layers);
     const int S = (int)sb.size();
     std::vector<stage> st(S);
@@ -430,11 +519,12 @@ int main(int argc, char **argv)
 
     cudaStream_t str;
     CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
-    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks};
+    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks, 0};
 
     /* A chain graph: one PDL launch per stage not folded, writing into x; a launch whose next stage is folded does
      * it as its tail (the counters zeroed first). Returns the launches made. */
-    auto capture_chain = [&](float *x, const std::vector<char> &folded, cudaGraphExec_t *out) {
+    auto capture_chain = [&](float *x, const std::vector<char> &folded, cudaGraphExec_t *out,
+                             bool dropped = false) {
         const bool any = std::find(folded.begin(), folded.end(), 1) != folded.end();
         cudaGraph_t g;
         int launches = 0;
@@ -447,18 +537,32 @@ int main(int argc, char **argv)
             params q = p;
             q.x = x;
             q.s0 = s;
-            q.tail = s + 1 < S && folded[s + 1];
+            q.tail = !dropped && s + 1 < S && folded[s + 1];
+            const bool after_fold = dropped && s > 0 && folded[s - 1]; /* --fold: the norm before it is gone */
+            q.fold_src = s - 1; /* x[s - 1]: the producer's output, which the dropped norm would have read */
             cudaLaunchConfig_t cfg = {};
             cfg.gridDim = dim3(G);
             cfg.blockDim = dim3(THREADS);
             cfg.dynamicSmemBytes = smem_bytes;
             cfg.stream = str;
-            cudaLaunchAttribute at[1];
+            cudaLaunchAttribute at[2];
             at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
             at[0].val.programmaticStreamSerializationAllowed = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = s > 0 && pdl ? 1 : 0;
-            CK(cudaLaunchKernelEx(&cfg, chain_kernel, q));
+            at[1].id = cudaLaunchAttributeClusterDimension;
+            at[1].val.clusterDim.x = (unsigned)fold_cs;
+            at[1].val.clusterDim.y = 1;
+            at[1].val.clusterDim.z = 1;
+            const int npdl = s > 0 && pdl ? 1 : 0;
+            if (after_fold) { /* the cluster attribute after the PDL one (or alone) */
+                at[npdl] = at[1];
+                cfg.attrs = at;
+                cfg.numAttrs = npdl + 1;
+                CK(cudaLaunchKernelEx(&cfg, fold_kernel, q));
+            } else {
+                cfg.attrs = at;
+                cfg.numAttrs = npdl;
+                CK(cudaLaunchKernelEx(&cfg, chain_kernel, q));
+            }
             launches++;
         }
         CK(cudaStreamEndCapture(str, &g));
@@ -485,6 +589,23 @@ int main(int argc, char **argv)
                 if ((tail >> k & 1) && s % 12 == pos_of_bit[k] && sb[s] == 0 && sb[s - 1] > 0)
                     folded[s] = 1;
         launches_tail = capture_chain(xd, folded, &g_tail);
+    }
+    /* the chain with byte-less stages dropped and the next stage's cluster prologue doing their work (--fold) */
+    cudaGraphExec_t g_fold = nullptr;
+    float *xe = nullptr;
+    int launches_fold = S;
+    if (fold) {
+        CK(cudaMalloc(&xe, sizeof(float) * XFLOATS * (S + 1)));
+        CK(cudaMemset(xe, 0, sizeof(float) * XFLOATS * (S + 1))); /* stages it never writes read zeros */
+        fill_x<<<64, 256>>>(xe);
+        CK(cudaGetLastError());
+        static const int pos_of_bit[5] = {1, 3, 5, 8, 11};
+        std::vector<char> folded(S, 0);
+        for (int s = 1; s < S - 1; s++) /* a stage with bytes follows each folded one */
+            for (int k = 0; k < 5; k++)
+                if ((fold >> k & 1) && s % 12 == pos_of_bit[k] && sb[s] == 0 && sb[s - 1] > 0 && sb[s + 1] > 0)
+                    folded[s] = 1;
+        launches_fold = capture_chain(xe, folded, &g_fold, true);
     }
     for (int call = 0; call < 2; call++) {
         cudaGraph_t g;
@@ -529,12 +650,17 @@ int main(int argc, char **argv)
     cudaEvent_t e0, e1;
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
-    const char *names[5] = {"chain (PDL)", "persistent", "persistent-call", "floor (one stream)", "chain, tails"};
-    cudaGraphExec_t gs[5] = {g_chain, g_pers, g_call, g_floor, g_tail};
-    const int ng = tail ? 5 : 4;
-    std::vector<float> t[5];
+    const char *names[6] = {"chain (PDL)", "persistent", "persistent-call", "floor (one stream)", "chain, tails",
+                            "chain, folded"};
+    cudaGraphExec_t gs[6] = {g_chain, g_pers, g_call, g_floor, g_tail, g_fold};
+    int ks[6], ng = 0; /* the graphs made */
+    for (int k = 0; k < 6; k++)
+        if (gs[k])
+            ks[ng++] = k;
+    std::vector<float> t[6];
     for (int r = 0; r < reps + 2; r++) /* interleaved, two warm-up rounds */
-        for (int k = 0; k < ng; k++) {
+        for (int j = 0; j < ng; j++) {
+            const int k = ks[j];
             CK(cudaEventRecord(e0, str));
             CK(cudaGraphLaunch(gs[k], str));
             CK(cudaEventRecord(e1, str));
@@ -564,7 +690,8 @@ int main(int argc, char **argv)
            nodep ? ", persistent kernels do not wait: outputs differ" : "", fence ? "" : ", no fence",
            pdl ? "" : ", chain without PDL", fanin, G, bps, ring_kb, xread, reps);
     const float floor_us = median(t[3]);
-    for (int k = 0; k < ng; k++) {
+    for (int j = 0; j < ng; j++) {
+        const int k = ks[j];
         const float us = median(t[k]);
         printf("  %-20s %9.1f us  %6.0f GB/s  %+8.1f us over the floor (%.2f us per stage)\n", names[k], us,
                total / (us * 1e3), us - floor_us, (us - floor_us) / S);
@@ -573,6 +700,12 @@ int main(int argc, char **argv)
         printf("  chain, tails: %d launches instead of %d (mask %d, %d tail blocks): %+.2f us per folded stage\n",
                launches_tail, S, tail, tail_blocks,
                (median(t[4]) - median(t[0])) / (S - launches_tail > 0 ? S - launches_tail : 1));
+    if (fold)
+        printf("  chain, folded: %d launches instead of %d (mask %d, clusters of %d, %d of the grid's %d resident at "
+               "once%s): %+.2f us per folded stage\n",
+               launches_fold, S, fold, fold_cs, fold_resident, G / fold_cs,
+               fold_resident * fold_cs < G ? ": a second wave" : "",
+               (median(t[5]) - median(t[0])) / (S - launches_fold > 0 ? S - launches_fold : 1));
     printf("  outputs of the chain%s and both persistent kernels: %s\n", tail ? ", the chain with tails" : "",
            same ? "identical" : "DIFFERENT");
     return same || nodep ? 0 : 1;
