@@ -21,7 +21,7 @@
  *
  *   build/bench/bench_boundary_cost [--reps N] [--blocks-per-sm B] [--ring-kb K] [--xread F] [--layers L]
  *                                   [--bytes-scale F] [--nodep 1] [--fence 0] [--pdl 0] [--fanin F]
- *                                   [--tail MASK [--tail-blocks T]] [--fold MASK [--fold-cs C]]
+ *                                   [--tail MASK [--tail-blocks T]] [--fold MASK [--fold-cs C] [--fold-xchg 0]]
  * --bytes-scale multiplies every stage's bytes (0: the dependency chain alone); --nodep 1 lets the persistent
  * kernels run without waiting for the previous stage (what the waits cost; their outputs then differ); --fence 0
  * drops the __threadfence() before each arrival (the release add alone orders the block's stores, after its
@@ -42,7 +42,8 @@
  * barrier and the C ranks' sums through distributed shared memory (1/rms of o), a second block sum, barrier and
  * exchange (1/rms of h), then the stage's own work without its x reads (the prologue's loads stand for them).
  * What it answers: whether two in-cluster reductions cost less than the ~2 us launch boundary they replace. The
- * folded graph computes something else (its output is not compared). Needs --fanin 1.
+ * folded graph computes something else (its output is not compared). Needs --fanin 1. --fold-xchg 0 is the
+ * control: the same cluster launches and loads without the exchanges (what the reductions themselves cost).
  *
  * Why a synthetic: docs/cuda-decode-step.md's persistent-kernel design rests on the estimate that the ~430
  * dependent grids cost ~2-2.5 us each beyond their bytes; this measures that directly, and the best a persistent
@@ -93,6 +94,7 @@ struct params {
     int tail;            /* chain: this launch also does stage s0 + 1 (byte-less) in its last tail_blocks blocks */
     int tail_blocks;
     int fold_src;        /* fold_kernel: the x buffer it reads as the producer's output (the dropped norm's input) */
+    int fold_xchg;       /* fold_kernel: 0 skips the cluster exchanges (a control: cluster launch and loads only) */
 };
 
 __device__ __forceinline__ void cp16(void *dst, const void *src)
@@ -306,24 +308,32 @@ __global__ void __launch_bounds__(THREADS) fold_kernel(const params p)
         a += __ldcg(xo + idx);
         r += __ldcg(xres + idx);
     }
-    const unsigned ranks = cl.num_blocks();
+    const unsigned ranks = p.fold_xchg ? cl.num_blocks() : 0;
     float t = block_sum(a * a, red); /* sum of o^2 over this block's slice */
-    if (threadIdx.x == 0)
-        part[0] = t;
-    cl.sync();
-    float s1 = 0.0f;
-    for (unsigned k = 0; k < ranks; k++)
-        s1 += *cl.map_shared_rank(&part[0], k);
+    float s1 = t;
+    if (ranks) {
+        if (threadIdx.x == 0)
+            part[0] = t;
+        cl.sync();
+        s1 = 0.0f;
+        for (unsigned k = 0; k < ranks; k++)
+            s1 += *cl.map_shared_rank(&part[0], k);
+    }
     const float h = r + a * rsqrtf(s1 * (1.0f / 1536.0f) + 1e-6f); /* h = res + o / rms(o) */
     t = block_sum(h * h, red);
-    if (threadIdx.x == 0)
-        part[1] = t;
-    cl.sync();
-    float s2 = 0.0f;
-    for (unsigned k = 0; k < ranks; k++)
-        s2 += *cl.map_shared_rank(&part[1], k);
-    cl.sync(); /* no rank leaves (its shared memory) while another may still read it */
+    float s2 = t;
+    if (ranks) {
+        if (threadIdx.x == 0)
+            part[1] = t;
+        cl.sync();
+        s2 = 0.0f;
+        for (unsigned k = 0; k < ranks; k++)
+            s2 += *cl.map_shared_rank(&part[1], k);
+        cl.barrier_arrive(); /* done reading the other ranks; waited for at the end, before this block leaves */
+    }
     body(p, p.s0, smem, blockIdx.x, 0, h * rsqrtf(s2 * (1.0f / 1536.0f) + 1e-6f));
+    if (ranks)
+        cl.barrier_wait(); /* no rank leaves (its shared memory) while another may still read it */
 }
 
 template <bool CALL>
@@ -403,7 +413,7 @@ static float median(std::vector<float> v)
 int main(int argc, char **argv)
 {
     int reps = 20, bps = 2, ring_kb = 64, xread = 8, layers = 35, nodep = 0, fence = 1, pdl = 1, fanin = 1;
-    int tail = 0, tail_blocks = 8, fold = 0, fold_cs = 8;
+    int tail = 0, tail_blocks = 8, fold = 0, fold_cs = 8, fold_xchg = 1;
     double scale = 1.0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -421,6 +431,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--tail-blocks")) tail_blocks = v;
         else if (!strcmp(a, "--fold")) fold = v;
         else if (!strcmp(a, "--fold-cs")) fold_cs = v;
+        else if (!strcmp(a, "--fold-xchg")) fold_xchg = v;
         else if (!strcmp(a, "--reps")) reps = v;
         else if (!strcmp(a, "--blocks-per-sm")) bps = v;
         else if (!strcmp(a, "--ring-kb")) ring_kb = v;
@@ -467,7 +478,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
-    if (fold < 0 || fold > 31 || (fold && fanin != 1) || fold_cs < 1 || fold_cs > 8 || G % fold_cs != 0) {
+    if (fold < 0 || (fold && (fold > 31 || fanin != 1 || fold_cs < 1 || fold_cs > 8 || G % fold_cs != 0))) {
         fprintf(stderr, "bench_boundary_cost: --fold is a mask in 0..31 (with --fanin 1), --fold-cs 1..8 dividing "
                         "the grid of %d blocks\n", G);
         return 2;
@@ -519,7 +530,7 @@ int main(int argc, char **argv)
 
     cudaStream_t str;
     CK(cudaStreamCreateWithFlags(&str, cudaStreamNonBlocking));
-    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks, 0};
+    params p = {w, dst, S, 0, xa, count, ring, xread, G, 0, fence, fanin, 0, tail_blocks, 0, fold_xchg};
 
     /* A chain graph: one PDL launch per stage not folded, writing into x; a launch whose next stage is folded does
      * it as its tail (the counters zeroed first). Returns the launches made. */
@@ -529,7 +540,7 @@ int main(int argc, char **argv)
         cudaGraph_t g;
         int launches = 0;
         CK(cudaStreamBeginCapture(str, cudaStreamCaptureModeThreadLocal));
-        if (any)
+        if (any && !dropped) /* the tails' counters (the folded graph has none: no node the chain lacks) */
             CK(cudaMemsetAsync(count, 0, sizeof(unsigned int) * S * fanin, str));
         for (int s = 0; s < S; s++) {
             if (folded[s])
@@ -702,9 +713,9 @@ int main(int argc, char **argv)
                (median(t[4]) - median(t[0])) / (S - launches_tail > 0 ? S - launches_tail : 1));
     if (fold)
         printf("  chain, folded: %d launches instead of %d (mask %d, clusters of %d, %d of the grid's %d resident at "
-               "once%s): %+.2f us per folded stage\n",
+               "once%s%s): %+.2f us per folded stage\n",
                launches_fold, S, fold, fold_cs, fold_resident, G / fold_cs,
-               fold_resident * fold_cs < G ? ": a second wave" : "",
+               fold_resident * fold_cs < G ? ": a second wave" : "", fold_xchg ? "" : "; no exchanges: the control",
                (median(t[5]) - median(t[0])) / (S - launches_fold > 0 ? S - launches_fold : 1));
     printf("  outputs of the chain%s and both persistent kernels: %s\n", tail ? ", the chain with tails" : "",
            same ? "identical" : "DIFFERENT");
