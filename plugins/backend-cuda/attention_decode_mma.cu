@@ -1024,39 +1024,34 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         return BERTH_OK;
     const int bt_n = (int)((per_max + kv->block_size - 1) / kv->block_size + 1);
     size_t smem = adm_smem(dp, bt_n);
-    /* BERTH_CUDA_ATT_RING2: splits of at most two tiles never use the ring's third stage; the two-stage instance
-     * asks for a third less shared memory (d256: ~77 instead of 108 KiB), so that more of its blocks get resident
-     * beside the kernels before it under PDL (bench/RESULTS.md session 21). The split count stays the three-stage
-     * instance's. */
-    if (be->att_ring2 && per_max <= 2 * bn) {
-        void (*fn2)(const adm_args) = adm_fn_of<2>(dp, f16, mk);
-        const size_t smem2 = adm_smem(dp, bt_n, 2);
-        if (!reserve_only) { /* the largest any call asks for, as the three-stage instance's (graphs keep theirs) */
-            berth_status st = cu_check(be, cudaFuncSetAttribute(fn2, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                (int)adm_smem(dp, ADM_KMAX + 2, 2)),
+    /* Another instance for the same splits (one of the two below): its shared-memory attribute set to the largest
+     * any call of it asks for, as the three-stage instance's (not while only reserving: graphs keep theirs). */
+    auto use = [&](void (*f)(const adm_args), size_t f_smem, size_t f_smem_max) -> berth_status {
+        if (!reserve_only) {
+            berth_status st = cu_check(be, cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                (int)f_smem_max),
                                        "cudaFuncSetAttribute (attn_decode_mma_kernel shared memory)");
             if (st != BERTH_OK)
                 return st;
         }
-        fn = fn2;
-        smem = smem2;
-    }
+        fn = f;
+        smem = f_smem;
+        return BERTH_OK;
+    };
     /* BERTH_CUDA_ATT_ONEPASS (over BERTH_CUDA_ATT_RING2 where both apply): splits of two tiles at most at head
      * dim 256 whose bound is two (E2B's sliding layers at 8-32 sequences) on the one-pass instance: the same
      * splits, one tile each. Its table window: per_max keys at block size 1 at most, plus the entry a split may
-     * straddle. */
-    if (be->att_onepass && dp == ADM_ONEPASS_DP && per_max == ADM_ONEPASS_BN && bn * 2 == ADM_ONEPASS_BN) {
-        void (*fn1)(const adm_args) = adm_fn_onepass(f16, mk);
-        if (!reserve_only) {
-            berth_status st = cu_check(be, cudaFuncSetAttribute(fn1, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                (int)adm_smem_onepass(ADM_ONEPASS_BN + 2)),
-                                       "cudaFuncSetAttribute (attn_decode_mma_kernel shared memory)");
-            if (st != BERTH_OK)
-                return st;
-        }
-        fn = fn1;
-        smem = adm_smem_onepass(bt_n);
-    }
+     * straddle. BERTH_CUDA_ATT_RING2: splits of at most two tiles never use the ring's third stage; the two-stage
+     * instance asks for a third less shared memory (d256: ~77 instead of 108 KiB), so that more of its blocks get
+     * resident beside the kernels before it under PDL (bench/RESULTS.md session 21). The split count stays the
+     * three-stage instance's either way. */
+    berth_status use_st = BERTH_OK;
+    if (be->att_onepass && dp == ADM_ONEPASS_DP && per_max == ADM_ONEPASS_BN && bn * 2 == ADM_ONEPASS_BN)
+        use_st = use(adm_fn_onepass(f16, mk), adm_smem_onepass(bt_n), adm_smem_onepass(ADM_ONEPASS_BN + 2));
+    else if (be->att_ring2 && per_max <= 2 * bn)
+        use_st = use(adm_fn_of<2>(dp, f16, mk), adm_smem(dp, bt_n, 2), adm_smem(dp, ADM_KMAX + 2, 2));
+    if (use_st != BERTH_OK)
+        return use_st;
     const int64_t blocks = (int64_t)ns * base;
     const int64_t m_chunks = (n_rep * (DV / 4) + ADM_THREADS - 1) / ADM_THREADS;
     if (blocks > INT32_MAX || m_chunks * base > INT32_MAX)

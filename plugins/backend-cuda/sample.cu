@@ -810,10 +810,9 @@ static berth_status smp_argmax(berth_backend *be, berth_stream *s, const berth_s
         part_i = (int *)(part_v + n);
     }
     const dim3 grid((unsigned)nparts, (unsigned)(R < 65535 ? R : 65535));
-    cudaError_t e = vec ? cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel<true>, lg,
-                                    (int64_t)p->logits.nb[1], (int)V, (int)R, seg, part_v, part_i, ids)
-                        : cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0, smp_argmax_part_kernel<false>, lg,
-                                    (int64_t)p->logits.nb[1], (int)V, (int)R, seg, part_v, part_i, ids);
+    cudaError_t e = cu_launch(be, s->cs, grid, dim3(SMP_AM_THREADS), 0,
+                              vec ? smp_argmax_part_kernel<true> : smp_argmax_part_kernel<false>, lg,
+                              (int64_t)p->logits.nb[1], (int)V, (int)R, seg, part_v, part_i, ids);
     berth_status st = cu_check(be, e, "sample: smp_argmax_part_kernel");
     if (st != BERTH_OK || nparts == 1)
         return st;
