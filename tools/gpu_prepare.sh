@@ -74,8 +74,9 @@ fi
 export PATH="/usr/local/cuda/bin:$PATH"
 [ -f "$build/build.ninja" ] || meson setup "$build" --buildtype=release
 # This meson does not give nvcc its dependency files (plugins/backend-cuda/README.md). plugins/backend-cuda/
-# meson.build now rebuilds every CUDA object after a header edit by itself (a header digest on the compile line);
-# this rule stays for build folders configured before that (and costs nothing otherwise): when a header the CUDA
+# meson.build rebuilds every CUDA object after a header edit by itself since bd9d550 (a header digest on the compile
+# line); this rule stays for builds of plugins/ from commits before that (tools/gpu_ab_plugin.sh of an older
+# branch checks out their meson.build too) and costs nothing otherwise: when a header the CUDA
 # plugin includes is newer than the oldest CUDA object of this build folder, delete all its CUDA objects so
 # that ninja rebuilds them (touching the sources would make every other build folder rebuild too). (A stale
 # cuda_backend.cu object once kept reporting ABI 0.3 after the 0.4 bump: the GPU machine's registry rejected the
