@@ -128,6 +128,12 @@ void berth_engine_destroy(berth_engine *e);
  * then one DONE event per sample. */
 berth_status berth_engine_submit(berth_engine *e, const berth_engine_request *rq, berth_engine_event_fn cb,
                                  void *arg, int64_t *id);
+/* Hold (on != 0) or release (0) new submissions: while held, submitted requests are queued but not started;
+ * requests already started keep running. Releasing starts everything queued together, so the scheduler plans
+ * them as one batch (a caller submitting a group "at once" from one thread, as `berth bench` does, would
+ * otherwise race the engine thread, which starts a step as soon as the first request arrives). A held request
+ * can be cancelled. */
+void berth_engine_hold(berth_engine *e, int on);
 /* Cancel request id: it finishes "cancelled" and its KV blocks are freed before the engine's next step.
  * BERTH_E_NOT_FOUND when no live request has that id. */
 berth_status berth_engine_cancel(berth_engine *e, int64_t id);

@@ -1,7 +1,8 @@
 /*
  * cmd_bench.c — `berth bench`: serving throughput and latency of the engine (berth.h) at several concurrency
  * levels. At each level C, C requests of --prompt-len random token ids (distinct first tokens, so the prefix
- * cache cannot serve them) and --gen-len new tokens (EOS ignored) are submitted at once; the level reports
+ * cache cannot serve them) and --gen-len new tokens (EOS ignored) are submitted at once (the engine held while
+ * they are queued, berth_engine_hold: they start in one step when the batch budget allows); the level reports
  * generated tokens per second over its wall time, time to first token (submission -> first token) and
  * inter-token latency (gaps between a request's consecutive tokens) percentiles.
  *
@@ -37,14 +38,16 @@
 
 static const char bench_usage[] =
     "usage: berth bench --config FILE [--model DIR] [--concurrency 1,4,16,64] [--prompt-len N] [--gen-len M]\n"
-    "                   [--seed S] [--warmup each|once] [--json]\n"
+    "                   [--seed S] [--warmup each|once] [--json] [--token-gaps]\n"
     "  --concurrency LIST     requests in flight per level, comma separated (default 1,4,16,64)\n"
     "  --prompt-len N         prompt tokens per request (default 128)\n"
     "  --gen-len M            generated tokens per request (default 128)\n"
     "  --seed S               seed of the random prompts (default 0)\n"
     "  --warmup each|once     an unmeasured run of every level's own settings before it (each, default), or one\n"
     "                         short request before the first level (once)\n"
-    "  --json                 one JSON object per level\n";
+    "  --json                 one JSON object per level\n"
+    "  --token-gaps           with --json: \"token_gaps_ms\", the first request's gaps between consecutive tokens\n"
+    "                         (one per engine step it took part in: where a slow step falls)\n";
 
 static double now_s(void)
 {
@@ -157,6 +160,10 @@ static berth_status run_level(berth_engine *e, int32_t C, int32_t plen, int32_t 
     berth_status st = BERTH_OK;
     double t0 = now_s();
     pthread_mutex_lock(&L->mu); /* events wait until first_id is known */
+    /* "At once": held until the last is queued, the level's prompts start in one step, as a static batch does
+     * (else the engine's first step takes only those queued by then, and the rest run a step behind: the level's
+     * last step decodes only them, in the decode window). */
+    berth_engine_hold(e, 1);
     int32_t submitted = 0;
     for (int32_t i = 0; i < C && !st; i++) {
         /* A first token unique to (level, request) keeps the prefix cache out of the measurement. */
@@ -168,6 +175,7 @@ static berth_status run_level(berth_engine *e, int32_t C, int32_t plen, int32_t 
         if (!st && i == 0) L->first_id = id;
         if (!st) submitted++;
     }
+    berth_engine_hold(e, 0);
     /* Wait for every submitted request, also after a failed submit: their events point into L. */
     while (L->n_done < submitted) pthread_cond_wait(&L->cv, &L->mu);
     if (!st) {
@@ -231,11 +239,15 @@ int cmd_bench(int argc, char **argv)
 {
     const char *config = NULL, *model = NULL, *conc = "1,4,16,64";
     long long plen = 128, glen = 128, seed = 0;
-    int json = 0, warm_each = 1;
+    int json = 0, warm_each = 1, gaps = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--json")) {
             json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--token-gaps")) {
+            gaps = 1;
             continue;
         }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -263,6 +275,7 @@ int cmd_bench(int argc, char **argv)
             return usage("unknown option '%s'", a);
     }
     if (!config) return usage("%s", "--config FILE is required");
+    if (gaps && !json) return usage("%s", "--token-gaps needs --json");
     int32_t levels[32], n_levels = 0, max_c = 1;
     for (const char *p = conc; *p;) {
         char *end;
@@ -338,6 +351,13 @@ int cmd_bench(int argc, char **argv)
             json_object_set_new(o, "mixed_steps", json_integer(s1.mixed_steps - s0.mixed_steps));
             json_object_set_new(o, "preemptions", json_integer(s1.preemptions - s0.preemptions));
             json_object_set_new(o, "decode_tok_s", dtps >= 0 ? json_real(dtps) : json_null());
+            if (gaps) {
+                json_t *g = json_array();
+                int32_t m = L.r[0].n_tok < L.gen ? L.r[0].n_tok : L.gen;
+                for (int32_t j = 1; j < m; j++)
+                    json_array_append_new(g, json_real(1e3 * (L.tok_t[j] - L.tok_t[j - 1])));
+                json_object_set_new(o, "token_gaps_ms", g);
+            }
             char *js = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(6));
             if (js) printf("%s\n", js);
             free(js);

@@ -55,6 +55,7 @@ struct berth_engine {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int stop;
+    int hold;                  /* berth_engine_hold: new submissions wait in live[] unadded */
     struct live *live;         /* [capacity]; n_live used, in submission order */
     int32_t n_live, capacity;
     int64_t *cancels;          /* [capacity] ids to cancel before the next step */
@@ -259,14 +260,14 @@ static void *engine_main(void *arg)
     pthread_mutex_lock(&e->mu);
     for (;;) {
         int has_new = 0;
-        for (int32_t i = 0; i < e->n_live && !has_new; i++) has_new = !e->live[i].added;
+        for (int32_t i = 0; i < e->n_live && !has_new && !e->hold; i++) has_new = !e->live[i].added;
         while (!e->stop && !has_new && e->n_cancels == 0 && sched_pending(e->sched) == 0) {
             pthread_cond_wait(&e->cv, &e->mu);
-            for (int32_t i = 0; i < e->n_live && !has_new; i++) has_new = !e->live[i].added;
+            for (int32_t i = 0; i < e->n_live && !has_new && !e->hold; i++) has_new = !e->live[i].added;
         }
         if (e->stop) break;
-        /* New submissions, in order. The scheduler copies what it keeps. */
-        for (int32_t i = 0; i < e->n_live; i++) {
+        /* New submissions, in order (none while held). The scheduler copies what it keeps. */
+        for (int32_t i = 0; i < e->n_live && !e->hold; i++) {
             struct live *l = &e->live[i];
             if (l->added) continue;
             l->added = 1;
@@ -285,8 +286,14 @@ static void *engine_main(void *arg)
         }
         while (e->n_cancels > 0) {
             int64_t id = e->cancels[--e->n_cancels];
+            int32_t i = live_find(e, id);
+            /* Held, never added: it finishes here, as berth_engine_destroy finishes such requests. */
+            int32_t unadded = i >= 0 && !e->live[i].added ? e->live[i].samples_left : 0;
             pthread_mutex_unlock(&e->mu);
-            sched_cancel(e->sched, id); /* may already have finished: fine */
+            if (unadded > 0)
+                for (int32_t k = 0; k < unadded; k++) on_done(e, id, k, SCHED_FINISH_CANCEL, 0, 0, BERTH_OK, "");
+            else
+                sched_cancel(e->sched, id); /* may already have finished: fine */
             pthread_mutex_lock(&e->mu);
         }
         snapshot(e);
@@ -532,6 +539,14 @@ berth_status berth_engine_submit(berth_engine *e, const berth_engine_request *rq
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return BERTH_OK;
+}
+
+void berth_engine_hold(berth_engine *e, int on)
+{
+    pthread_mutex_lock(&e->mu);
+    e->hold = on != 0;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 berth_status berth_engine_cancel(berth_engine *e, int64_t id)

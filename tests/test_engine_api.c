@@ -1,9 +1,11 @@
 /* test_engine_api.c — the serving engine of host/berth.h on a Gemma 4 fixture checkpoint (CPU backend): requests
  * run concurrently on the engine thread give each one's lone result; a full queue answers BERTH_E_OVERLOADED;
  * cancel finishes a request "cancelled" with its KV freed by the time DONE arrives; n = 4 forks; stop ids stop;
- * a [kv] memory the device cannot hold beside the weights fails at create. A gate in the callback holds the
+ * requests submitted while the engine is held start in one step; a [kv] memory the device cannot hold beside
+ * the weights fails at create. A gate in the callback holds the
  * engine thread still where a test needs determinism. Exits 77 without fixtures. */
 #include <pthread.h>
+#include <unistd.h>
 
 #include "berth.h"
 #include "test_gemma4_fixture.h"
@@ -99,7 +101,7 @@ static void open_gate(struct sink *s)
     pthread_mutex_unlock(&s->mu);
 }
 
-static berth_engine *make_engine(int32_t max_seqs, int32_t queue)
+static berth_engine *make_engine_tokens(int32_t max_seqs, int32_t queue, int32_t max_batch_tokens)
 {
     berth_engine_config c;
     memset(&c, 0, sizeof c);
@@ -107,12 +109,14 @@ static berth_engine *make_engine(int32_t max_seqs, int32_t queue)
     c.config_path = cfg_path;
     c.model_dir = fixture_dir;
     c.max_seqs = max_seqs;
-    c.max_batch_tokens = 8;
+    c.max_batch_tokens = max_batch_tokens;
     c.queue_capacity = queue;
     berth_engine *e = NULL;
     ck_assert_msg(berth_engine_create(&c, &e) == BERTH_OK, "%s", berth_engine_last_error());
     return e;
 }
+
+static berth_engine *make_engine(int32_t max_seqs, int32_t queue) { return make_engine_tokens(max_seqs, queue, 8); }
 
 static berth_engine_request greedy(const struct g4_prompt *p, int32_t max_new)
 {
@@ -243,6 +247,54 @@ START_TEST(test_overload_and_cancel)
 }
 END_TEST
 
+/* Submissions made while the engine is held start together: one prefill step for all of them, then one decode
+ * step per further token (no mixed step). A held request can be cancelled; the engine does not step meanwhile. */
+START_TEST(test_hold_starts_together)
+{
+    struct g4_fixture f;
+    g4_load_fixture(fixture_dir, &f);
+    int nr = f.n_prompts < 3 ? f.n_prompts : 3;
+    int32_t total = 0;
+    for (int i = 0; i < nr; i++) total += f.prompts[i].n;
+    berth_engine *e = make_engine_tokens(4, 8, total);
+    struct sink s;
+    sink_init(&s, e, 1);
+    berth_engine_hold(e, 1);
+    for (int i = 0; i < nr; i++) {
+        berth_engine_request rq = greedy(&f.prompts[i], GEN);
+        ck_assert_int_eq(berth_engine_submit(e, &rq, on_event, &s, NULL), BERTH_OK);
+        /* time for an engine that ignored the hold to start the first request alone (a tiny step takes ~1 ms) */
+        if (i == 0) usleep(200 * 1000);
+    }
+    berth_engine_request rq = greedy(&f.prompts[0], GEN);
+    int64_t held = 0;
+    ck_assert_int_eq(berth_engine_submit(e, &rq, on_event, &s, &held), BERTH_OK);
+    ck_assert_int_eq(held, 1 + nr);
+    ck_assert_int_eq(berth_engine_cancel(e, held), BERTH_OK);
+    wait_done(&s, 1);
+    ck_assert_str_eq(s.finish[nr][0], "cancelled");
+    ck_assert_int_eq(s.done_tokens[nr][0], 0);
+    berth_engine_stats st;
+    st.struct_size = sizeof st;
+    ck_assert_int_eq(berth_engine_get_stats(e, &st), BERTH_OK);
+    ck_assert_int_eq(st.steps, 0);
+    for (int i = 0; i < nr; i++) ck_assert_int_eq(s.n[i][0], 0);
+    berth_engine_hold(e, 0);
+    wait_done(&s, 1 + nr);
+    ck_assert_int_eq(berth_engine_get_stats(e, &st), BERTH_OK);
+    for (int i = 0; i < nr; i++) {
+        ck_assert_str_eq(s.finish[i][0], "length");
+        ck_assert_int_eq(s.n[i][0], GEN);
+    }
+    ck_assert_int_eq(st.steps, GEN);
+    ck_assert_int_eq(st.mixed_steps, 0);
+    ck_assert_int_eq(st.prefill_tokens, total);
+    berth_engine_destroy(e);
+    sink_fini(&s);
+    g4_free_fixture(&f);
+}
+END_TEST
+
 START_TEST(test_create_errors)
 {
     berth_engine_config c;
@@ -279,6 +331,7 @@ int main(void)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_concurrent_equals_alone);
     tcase_add_test(tc, test_overload_and_cancel);
+    tcase_add_test(tc, test_hold_starts_together);
     tcase_add_test(tc, test_create_errors);
     suite_add_tcase(su, tc);
     const int failed = check_run(su, 0);
