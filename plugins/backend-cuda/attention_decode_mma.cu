@@ -17,7 +17,9 @@
  * of 4 warps streams its keys in tiles of BN (32, 16 at head dim 512) through a 3-stage cp.async ring (two tiles
  * in flight from the start); at head dim 256, splits of two tiles at most (E2B's sliding layers at 8-32
  * sequences) go by default to the one-pass instance instead: the split's keys as one 64-key tile in one stage, so
- * the chain below runs once (BERTH_CUDA_ATT_ONEPASS, adm_fn_onepass). Per tile, three barriers:
+ * the chain below runs once (BERTH_CUDA_ATT_ONEPASS, adm_fn_onepass); with BERTH_CUDA_ATT_D512_WARPS=8 the head
+ * dim 512 instances have 8 warps (each an eighth where the text below says a quarter; eight parts of the scores,
+ * added in warp order; the softmax on the first 4 warps). Per tile, three barriers:
  *   (A) tile t landed; tile t+2 is issued into the stage tile t-1 left;
  *   each warp contracts its quarter of the head dim: partial S^T of all BN keys x 8 heads (ldmatrix K as A, q^T
  *   fragments in registers as B), written to shared memory; (B) the softmax threads (16 per head) add the four
@@ -54,7 +56,9 @@
 berth_status cu_attention_decode_mma(berth_backend *be, berth_stream *s, const berth_attention_params *p, bool *ran);
 berth_status cu_attention_decode_mma_reserve(berth_backend *be, berth_stream *s, const berth_attention_params *p);
 
-#define ADM_THREADS 128
+#define ADM_THREADS 128          /* threads of a block of 4 warps (the usual instances, the merge kernel): the softmax's
+                                  * 16 threads per head */
+#define ADM_D512_DP 512          /* the head-dim bucket BERTH_CUDA_ATT_D512_WARPS=8 serves with 8 warps a block */
 #define ADM_HEADS 8              /* query heads per KV head the MMA's N covers (fewer: zero rows of q) */
 #define ADM_STAGES 3
 #define ADM_KMAX 2048            /* keys one split may take (its block-table window lives in shared memory) */
@@ -65,22 +69,27 @@ static_assert(ADM_THREADS == 16 * ADM_HEADS, "the softmax gives each head 16 thr
 
 /* STG: ring stages (ADM_STAGES; 2 in the instances for calls whose splits take at most two tiles, where the third
  * stage is never used: BERTH_CUDA_ATT_RING2; 1 in the one-pass instance, below). BNO: keys per tile when not 0
- * (the one-pass instance: a split's 64 keys as one tile, scored before one softmax: BERTH_CUDA_ATT_ONEPASS). */
-template <int DP, int STG = ADM_STAGES, int BNO = 0>
+ * (the one-pass instance: a split's 64 keys as one tile, scored before one softmax: BERTH_CUDA_ATT_ONEPASS). NW:
+ * warps per block, 4 but in the head-dim-512 instances of BERTH_CUDA_ATT_D512_WARPS=8 (each warp an eighth of the
+ * head dim for S and of the output dims for PV: half the per-tile MMA chain per warp; the softmax stays on the
+ * first 4 warps' 16 threads per head, the others wait at its barriers). */
+template <int DP, int STG = ADM_STAGES, int BNO = 0, int NW = 4>
 struct adm_cfg {
+    static constexpr int NT = 32 * NW;              /* threads per block */
     static constexpr int BN0 = DP > 256 ? 16 : 32;  /* the usual keys per tile: ~32 KB of K and V per tile */
     static constexpr int BN = BNO ? BNO : BN0;      /* keys per tile */
     static constexpr int ST = DP + 8;             /* shared row stride (halves): ldmatrix conflict-free */
-    static constexpr int DW = DP / 4;             /* head-dim columns per warp */
+    static constexpr int DW = DP / NW;            /* head-dim columns per warp */
     static constexpr int PST = BN + 8;            /* P^T row stride (halves) */
     static constexpr size_t q_bytes = (size_t)ADM_HEADS * ST * 2;
     static constexpr size_t tile_bytes = (size_t)BN * ST * 2; /* one K or V tile */
     static constexpr size_t k_off = q_bytes;
     static constexpr size_t v_off = k_off + STG * tile_bytes;
-    static constexpr size_t s_off = v_off + STG * tile_bytes; /* partial scores [4][BN][8] fp32 */
-    static constexpr size_t p_off = s_off + (size_t)4 * BN * ADM_HEADS * 4;
+    static constexpr size_t s_off = v_off + STG * tile_bytes; /* partial scores [NW][BN][8] fp32 */
+    static constexpr size_t p_off = s_off + (size_t)NW * BN * ADM_HEADS * 4;
     static constexpr size_t bt_off = (p_off + (size_t)ADM_HEADS * PST * 2 + 15) & ~(size_t)15;
     static_assert(DW % 16 == 0 && BN % 16 == 0, "whole MMA tiles");
+    static_assert(NW == 4 || NW == 8, "4 or 8 warps (the softmax takes the first 4)");
     static_assert((size_t)ADM_MAX_SPLITS * ADM_HEADS * 4 <= tile_bytes * STG, "merge weights fit stage K");
 };
 
@@ -164,21 +173,22 @@ __device__ __forceinline__ int32_t adm_entry(const adm_args &a, int32_t j)
 
 /* The 16-byte pieces of keys [kt0, kt0 + BN) of K and V into stage st; zero-filled for keys past k1, keys whose
  * block is not in the pool and head dims past D / DV. Keys below k1 outside [jlo, jhi) are left alone. */
-template <int DP, int STG = ADM_STAGES, int BNO = 0>
+template <int DP, int STG = ADM_STAGES, int BNO = 0, int NW = 4>
 __device__ __forceinline__ void adm_issue(const adm_args &a, unsigned char *sm, const int32_t *bt_s, int32_t e0,
                                           int32_t kt0, int32_t k1, int g, int st, int32_t jlo = INT32_MIN,
                                           int32_t jhi = INT32_MAX)
 {
-    using C = adm_cfg<DP, STG, BNO>;
+    using C = adm_cfg<DP, STG, BNO, NW>;
+    constexpr int NT = C::NT;
     constexpr int CPR = DP / 8; /* pieces per row */
     uint16_t *Kd = (uint16_t *)(sm + C::k_off + st * C::tile_bytes);
     uint16_t *Vd = (uint16_t *)(sm + C::v_off + st * C::tile_bytes);
     /* A fixed trip count, rolled: unrolled by 4 (with its remainder loop) at five call sites this copy was 64 KB of
      * the kernel's 140 (machine code a kernel carries costs at every launch: bench/RESULTS.md session 17) */
-    static_assert(C::BN * CPR % ADM_THREADS == 0, "every thread copies the same number of pieces");
+    static_assert(C::BN * CPR % NT == 0, "every thread copies the same number of pieces");
 #pragma unroll 1
-    for (int k = 0; k < C::BN * CPR / ADM_THREADS; k++) {
-        const int c = threadIdx.x + k * ADM_THREADS;
+    for (int k = 0; k < C::BN * CPR / NT; k++) {
+        const int c = threadIdx.x + k * NT;
         const int r = c / CPR, ch = c % CPR;
         const int32_t j = kt0 + r;
         if (j < k1 && (j < jlo || j >= jhi)) /* another call copies this key (before / after the PDL wait); keys past
@@ -241,18 +251,23 @@ __device__ __forceinline__ float adm_gated(const adm_args &a, int64_t t, int hq,
 // ---------------------------------------------------------------------------------------------------------------
 // The kernel. Grid: ns * n_kv_heads * n_seqs blocks in one dimension, split fastest.
 
-template <int DP, bool F16, bool MK, int STG, int BNO>
+template <int DP, bool F16, bool MK, int STG, int BNO, int NW>
 struct adm_min_blocks { /* __launch_bounds__'s second argument: 0 (none) but for the one-pass instance, whose
                          * shared memory allows two blocks an SM anyway: without it ptxas capped that instance at
-                         * 128 registers and spilled (a helper's review, session 25) */
-    static constexpr int value = STG == 1 ? 2 : 0;
+                         * 128 registers and spilled (a helper's review, session 25); and the 8-warp instances,
+                         * whose shared memory allows two blocks an SM too (~110 KiB), which 256 threads keep only
+                         * at 128 registers or fewer */
+    static constexpr int value = STG == 1 || NW == 8 ? 2 : 0;
 };
 
-template <int DP, bool F16, bool MK, int STG = ADM_STAGES, int BNO = 0>
-__global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG, BNO>::value))
+template <int DP, bool F16, bool MK, int STG = ADM_STAGES, int BNO = 0, int NW = 4>
+__global__ void __launch_bounds__(32 * NW, (adm_min_blocks<DP, F16, MK, STG, BNO, NW>::value))
     attn_decode_mma_kernel(const adm_args a)
 {
-    using C = adm_cfg<DP, STG, BNO>;
+    using C = adm_cfg<DP, STG, BNO, NW>;
+    constexpr int NT = C::NT;
+    /* the softmax's threads (16 per head): every thread of 4 warps, the first 4 warps of 8 (warp-uniform) */
+#define ADM_SMX (NT == ADM_THREADS || tid < ADM_THREADS)
     static_assert(STG >= 1 && STG <= 3, "a ring of one to three stages");
     constexpr int PRE = STG < 2 ? STG : 2; /* tiles issued before the key loop */
     constexpr int BN = C::BN, ST = C::ST, DW = C::DW, PST = C::PST, H = ADM_HEADS;
@@ -310,7 +325,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
          * memory (zeros past n_rep heads and past D). */
         {
             const int32_t ne = k1 > k0 ? adm_entry(a, k1 - 1) - e0 + 1 : 0;
-            for (int i = tid; i < ne && i < a.bt_n; i += ADM_THREADS)
+            for (int i = tid; i < ne && i < a.bt_n; i += NT)
                 bt_s[i] = e0 + i < a.bt_width ? bt[e0 + i] : -1;
         }
         __syncthreads();
@@ -320,7 +335,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
 #pragma unroll 1
         for (int s0 = 0; s0 < PRE; s0++) { /* the first two tiles (one-pass: its one), one group each */
             if (ntiles > s0)
-                adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
+                adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
             cu_cp_commit();
         }
         if (!waited) {
@@ -330,16 +345,18 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
             if (ntiles > 0 && k1 > safe_hi && k0 + PRE * BN > safe_hi) { /* the same in the whole block */
 #pragma unroll 1
                 for (int s0 = 0; s0 < PRE && s0 < ntiles; s0++)
-                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
+                    adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
                 cu_cp_commit();
                 cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
             }
         }
         {
-            float x[DP / 32][2];
+            constexpr int QK = ADM_HEADS * (DP / 2) / NT; /* pairs of q per thread */
+            static_assert(ADM_HEADS * (DP / 2) % NT == 0, "every thread rounds the same number of pairs");
+            float x[QK][2];
 #pragma unroll
-            for (int k = 0; k < DP / 32; k++) { /* all loads first: one round trip */
-                const int i = tid + k * ADM_THREADS, h = i / (DP / 2), d = 2 * (i % (DP / 2));
+            for (int k = 0; k < QK; k++) { /* all loads first: one round trip */
+                const int i = tid + k * NT, h = i / (DP / 2), d = 2 * (i % (DP / 2));
                 x[k][0] = x[k][1] = 0.0f;
                 if (h < a.n_rep && d < a.D) {
                     const float *qr = (const float *)((const char *)a.q + (int64_t)t * a.q_nb2 +
@@ -349,8 +366,8 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
                 }
             }
 #pragma unroll
-            for (int k = 0; k < DP / 32; k++) {
-                const int i = tid + k * ADM_THREADS, h = i / (DP / 2), d = 2 * (i % (DP / 2));
+            for (int k = 0; k < QK; k++) {
+                const int i = tid + k * NT, h = i / (DP / 2), d = 2 * (i % (DP / 2));
                 Qs[h * ST + d] = adm_round<F16>(x[k][0]);
                 Qs[h * ST + d + 1] = adm_round<F16>(x[k][1]);
             }
@@ -358,7 +375,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
         __syncthreads();
 
         ADM_STAMP(2);
-        /* q^T fragments of this warp's head-dim quarter (B operands of S^T = K q^T) */
+        /* q^T fragments of this warp's head-dim quarter (eighth with 8 warps) (B operands of S^T = K q^T) */
         uint32_t qf[KS][2];
 #pragma unroll
         for (int ks = 0; ks < KS; ks++)
@@ -376,7 +393,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
                 cu_cp_wait<1>();
                 __syncthreads(); /* (A) tile it is visible; every thread is done with tile it - 1 */
                 if (it + 2 < ntiles)
-                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % STG);
+                    adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + (it + 2) * BN, k1, g, (it + 2) % STG);
                 cu_cp_commit();
             } else if constexpr (STG == 2) { /* tile it + 1 (from tile 2 on; tiles 0 and 1 went before the loop)
                                               * goes into tile it - 1's stage once every thread is done with it,
@@ -387,13 +404,13 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
                     cu_cp_wait<0>();
                 __syncthreads(); /* (A) */
                 if (it >= 1 && it + 1 < ntiles)
-                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + (it + 1) * BN, k1, g, (it + 1) % STG);
+                    adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + (it + 1) * BN, k1, g, (it + 1) % STG);
                 cu_cp_commit();
             } else { /* one stage (the one-pass instance, whose splits are one tile: the loop runs once; a longer
                       * split, never planned, still comes out right, each further tile loaded after the last) */
                 if (it > 0) {
                     __syncthreads(); /* every thread is done with tile it - 1 */
-                    adm_issue<DP, STG, BNO>(a, sm, bt_s, e0, k0 + it * BN, k1, g, 0);
+                    adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + it * BN, k1, g, 0);
                     cu_cp_commit();
                 }
                 cu_cp_wait<0>();
@@ -402,7 +419,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
             const uint16_t *Kt = (const uint16_t *)(sm + C::k_off + st * C::tile_bytes);
             const uint16_t *Vt = (const uint16_t *)(sm + C::v_off + st * C::tile_bytes);
 
-            /* partial S^T over this warp's head-dim quarter */
+            /* partial S^T over this warp's head-dim quarter (eighth) */
 #pragma unroll
             for (int mt = 0; mt < BN / 16; mt++) {
                 float sacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -418,8 +435,9 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
             }
             __syncthreads(); /* (B) */
 
-            /* softmax of head sh over the tile's keys sub, sub + 16, ... */
-            {
+            /* softmax of head sh over the tile's keys sub, sub + 16, ... (the first 4 warps; the NW parts added in
+             * warp order) */
+            if (ADM_SMX) {
                 constexpr int R = BN / 16;
                 float sc[R];
                 float tmax = -INFINITY;
@@ -428,8 +446,9 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
                     const int kt = sub + 16 * r;
                     const int32_t j = k0 + it * BN + kt;
                     float sv = Sred[(0 * BN + kt) * H + sh] + Sred[(1 * BN + kt) * H + sh];
-                    sv += Sred[(2 * BN + kt) * H + sh];
-                    sv += Sred[(3 * BN + kt) * H + sh];
+#pragma unroll
+                    for (int w = 2; w < NW; w++)
+                        sv += Sred[(w * BN + kt) * H + sh];
                     if (a.softcap > 0.0f)
                         sv = a.softcap * tanhf(a.scale * sv / a.softcap) * LOG2E;
                     else
@@ -496,7 +515,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
             cu_pdl_trigger();
 
         /* this split's result for row t: the output itself (one split) or its partial */
-        if (sub == 0)
+        if (sub == 0 && ADM_SMX)
             ml_s[sh] = make_float2(m_run, l_run);
         __syncthreads();
         const int hA = 2 * (lane & 3), hB = hA + 1;
@@ -547,7 +566,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
     float *wgt = (float *)(sm + C::k_off); /* [ns][8]: each split's weight in the final output */
     for (int32_t t = q0; t < q1; t++) {
         const int64_t slot0 = ((int64_t)t * a.n_kv_heads + g) * a.ns;
-        {
+        if (ADM_SMX) {
             float mx = -INFINITY;
             for (int sp = sub; sp < a.ns; sp += 16)
                 mx = fmaxf(mx, __ldcg(&a.part_ml[(slot0 + sp) * H + sh].x));
@@ -575,12 +594,12 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
         const int total = a.n_rep * c4n;
         const int64_t sst = (int64_t)H * a.DV / 4; /* float4s from one split's partial to the next's */
         const float4 *pb = (const float4 *)(a.part_o + slot0 * H * a.DV);
-        for (int i0 = tid; i0 < total; i0 += 4 * ADM_THREADS) {
+        for (int i0 = tid; i0 < total; i0 += 4 * NT) {
             int hh[4], cc[4];
             float4 acc[4];
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                const int i = i0 + u * ADM_THREADS;
+                const int i = i0 + u * NT;
                 hh[u] = i < total ? i / c4n : -1;
                 cc[u] = i < total ? i % c4n : 0;
                 acc[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -628,6 +647,7 @@ __global__ void __launch_bounds__(ADM_THREADS, (adm_min_blocks<DP, F16, MK, STG,
         __syncthreads();
     }
     ADM_STAMP(6);
+#undef ADM_SMX
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -705,22 +725,33 @@ struct adm_cache {
     int bps[ADM_CACHE_DEVICES]; /* resident blocks per SM at the largest table window, 0: not set up */
 };
 
-template <int DP, bool F16, int STG, int BNO = 0>
+template <int DP, bool F16, int STG, int BNO = 0, int NW = 4>
 static void (*adm_fn(bool mk))(const adm_args)
 {
-    return mk ? attn_decode_mma_kernel<DP, F16, true, STG, BNO> : attn_decode_mma_kernel<DP, F16, false, STG, BNO>;
+    return mk ? attn_decode_mma_kernel<DP, F16, true, STG, BNO, NW>
+              : attn_decode_mma_kernel<DP, F16, false, STG, BNO, NW>;
 }
 
-/* The instance for head-dim bucket dp (adm_dp), cache dtype, merge mode and ring stages (2 or 3). */
+/* The instance for head-dim bucket dp (adm_dp), cache dtype, merge mode, ring stages (2 or 3) and warps per block
+ * (adm_warps: 8 only at head dim 512). */
 template <int STG>
-static void (*adm_fn_of(int dp, bool f16, bool mk))(const adm_args)
+static void (*adm_fn_of(int dp, bool f16, bool mk, int nw))(const adm_args)
 {
     switch (dp) {
     case 64: return f16 ? adm_fn<64, true, STG>(mk) : adm_fn<64, false, STG>(mk);
     case 128: return f16 ? adm_fn<128, true, STG>(mk) : adm_fn<128, false, STG>(mk);
     case 256: return f16 ? adm_fn<256, true, STG>(mk) : adm_fn<256, false, STG>(mk);
-    default: return f16 ? adm_fn<512, true, STG>(mk) : adm_fn<512, false, STG>(mk);
+    default:
+        if (nw == 8)
+            return f16 ? adm_fn<ADM_D512_DP, true, STG, 0, 8>(mk) : adm_fn<ADM_D512_DP, false, STG, 0, 8>(mk);
+        return f16 ? adm_fn<512, true, STG>(mk) : adm_fn<512, false, STG>(mk);
     }
+}
+
+/* Warps per block of the instance for head-dim bucket dp: 8 at head dim 512 with BERTH_CUDA_ATT_D512_WARPS=8. */
+static int adm_warps(const berth_backend *be, int dp)
+{
+    return dp == ADM_D512_DP && be->att_d512_warps == 8 ? 8 : 4;
 }
 
 static int adm_dp(int dmax)
@@ -729,19 +760,19 @@ static int adm_dp(int dmax)
 }
 
 template <int STG>
-static size_t adm_bt_off(int dp)
+static size_t adm_bt_off(int dp, int nw)
 {
     switch (dp) {
     case 64: return adm_cfg<64, STG>::bt_off;
     case 128: return adm_cfg<128, STG>::bt_off;
     case 256: return adm_cfg<256, STG>::bt_off;
-    default: return adm_cfg<512, STG>::bt_off;
+    default: return nw == 8 ? adm_cfg<ADM_D512_DP, STG, 0, 8>::bt_off : adm_cfg<512, STG>::bt_off;
     }
 }
 
-static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES)
+static size_t adm_smem(int dp, int bt_n, int stg = ADM_STAGES, int nw = 4)
 {
-    const size_t off = stg == 2 ? adm_bt_off<2>(dp) : adm_bt_off<ADM_STAGES>(dp);
+    const size_t off = stg == 2 ? adm_bt_off<2>(dp, nw) : adm_bt_off<ADM_STAGES>(dp, nw);
     return off + (((size_t)bt_n * 4 + 15) & ~(size_t)15);
 }
 
@@ -972,16 +1003,17 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     const int dp = adm_dp(D > DV ? D : DV), bn = adm_bn(dp);
     const bool f16 = kv->dtype == BERTH_DTYPE_F16;
     const bool mk = be->att_merge_kernel != 0; /* merged by adm_merge_kernel: no counters needed */
-    void (*fn)(const adm_args) = adm_fn_of<ADM_STAGES>(dp, f16, mk);
+    const int nw = adm_warps(be, dp), nt = 32 * nw; /* BERTH_CUDA_ATT_D512_WARPS */
+    void (*fn)(const adm_args) = adm_fn_of<ADM_STAGES>(dp, f16, mk, nw);
 
     /* Set up once per device at the largest shared memory any call of this instance asks for (a table window of
      * ADM_KMAX keys at block size 1), so that occupancy is one number per instance. */
-    static adm_cache caches[2][2][4];
+    static adm_cache caches[2][2][5];
     int *slot = be->device >= 0 && be->device < ADM_CACHE_DEVICES
-                    ? &caches[mk][f16][dp == 64 ? 0 : dp == 128 ? 1 : dp == 256 ? 2 : 3].bps[be->device]
+                    ? &caches[mk][f16][dp == 64 ? 0 : dp == 128 ? 1 : dp == 256 ? 2 : nw == 8 ? 4 : 3].bps[be->device]
                     : nullptr;
     int bps = slot ? __atomic_load_n(slot, __ATOMIC_ACQUIRE) : 0;
-    const size_t smem_max = adm_smem(dp, ADM_KMAX + 2);
+    const size_t smem_max = adm_smem(dp, ADM_KMAX + 2, ADM_STAGES, nw);
     if (smem_max > be->smem_optin)
         return BERTH_OK;
     if (bps <= 0) {
@@ -991,7 +1023,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
         if (st != BERTH_OK)
             return st;
         int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, ADM_THREADS, adm_smem(dp, 256 / 16 + 2)) !=
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, fn, nt, adm_smem(dp, 256 / 16 + 2, ADM_STAGES, nw)) !=
                 cudaSuccess ||
             b < 1) {
             (void)cudaGetLastError();
@@ -1023,7 +1055,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     if (per_max > ADM_KMAX)
         return BERTH_OK;
     const int bt_n = (int)((per_max + kv->block_size - 1) / kv->block_size + 1);
-    size_t smem = adm_smem(dp, bt_n);
+    size_t smem = adm_smem(dp, bt_n, ADM_STAGES, nw);
     /* Another instance for the same splits (one of the two below): its shared-memory attribute set to the largest
      * any call of it asks for, as the three-stage instance's (not while only reserving: graphs keep theirs). */
     auto use = [&](void (*f)(const adm_args), size_t f_smem, size_t f_smem_max) -> berth_status {
@@ -1049,7 +1081,7 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     if (be->att_onepass && dp == ADM_ONEPASS_DP && per_max == ADM_ONEPASS_BN && bn * 2 == ADM_ONEPASS_BN)
         use_st = use(adm_fn_onepass(f16, mk), adm_smem_onepass(bt_n), adm_smem_onepass(ADM_ONEPASS_BN + 2));
     else if (be->att_ring2 && per_max <= 2 * bn)
-        use_st = use(adm_fn_of<2>(dp, f16, mk), adm_smem(dp, bt_n, 2), adm_smem(dp, ADM_KMAX + 2, 2));
+        use_st = use(adm_fn_of<2>(dp, f16, mk, nw), adm_smem(dp, bt_n, 2, nw), adm_smem(dp, ADM_KMAX + 2, 2, nw));
     if (use_st != BERTH_OK)
         return use_st;
     const int64_t blocks = (int64_t)ns * base;
@@ -1102,10 +1134,11 @@ static berth_status adm_run(berth_backend *be, berth_stream *s, const berth_atte
     a.prewait = be->att_prewait && p->mask == BERTH_MASK_CAUSAL; /* attention_decode.cu: causal self-attention only */
     char what[96] = "";
     if (be->att_prof != CU_ATT_PROF_OFF) {
-        snprintf(what, sizeof what, "attn_decode_mma d%d T=%d ns=%d blocks=%d", dp, a.T, a.ns, (int)blocks);
+        snprintf(what, sizeof what, "attn_decode_mma d%d%s T=%d ns=%d blocks=%d", dp, nw == 8 ? "w8" : "", a.T,
+                 a.ns, (int)blocks);
         a.prof = cu_att_prof_for(be, s, blocks, ADM_STAMPS, what);
     }
-    berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3(ADM_THREADS), smem, fn, a),
+    berth_status st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)blocks), dim3((unsigned)nt), smem, fn, a),
                                "attn_decode_mma_kernel");
     if (st == BERTH_OK && a.merge_kernel)
         st = cu_check(be, cu_launch(be, s->cs, dim3((unsigned)(a.m_chunks * base)), dim3(ADM_THREADS), 0,

@@ -387,6 +387,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->att_merge_kernel = env_choice(host, "BERTH_CUDA_ATT_MERGE", ENV_NAMES(merge), 1, "'kernel' or 'last'");
     be->att_ring2 = env_flag(host, "BERTH_CUDA_ATT_RING2", 0);
     be->att_onepass = env_flag(host, "BERTH_CUDA_ATT_ONEPASS", 1);
+    be->att_d512_warps = env_int(host, "BERTH_CUDA_ATT_D512_WARPS", 4, 8, 4, 8, "4 or 8");
     static const env_name gemv[] = {{"new", CU_GEMV_NEW}, {"async", CU_GEMV_ASYNC}, {"old", CU_GEMV_OLD}};
     be->gemv_mode = env_choice(host, "BERTH_CUDA_GEMV", ENV_NAMES(gemv), CU_GEMV_NEW, "'new', 'async' or 'old'");
     be->gemv_bps = env_int(host, "BERTH_CUDA_GEMV_BPS", 1, 4, 1, 4, "1..4");

@@ -159,6 +159,9 @@ struct berth_backend {
     int att_onepass;            /* tensor-core decode attention: head-dim-256 calls whose splits take two key tiles on
                                  * the one-pass instance (a split's keys as one tile, one softmax; env
                                  * BERTH_CUDA_ATT_ONEPASS=0|1, read at init; default 1: +1.1% at 32 sequences) */
+    int att_d512_warps;         /* tensor-core decode attention: warps per block of the head-dim-512 instances (8: each
+                                 * warp half the per-tile MMA chain; env BERTH_CUDA_ATT_D512_WARPS=4|8, read at init;
+                                 * default 8: -5% a call at 32 x 640 keys, -19% at 32 x 4096) */
     int att_merge_kernel;       /* tensor-core decode attention: split partials merged by a kernel of their own (1) or by
                                  * the last block of each pair (0) (env BERTH_CUDA_ATT_MERGE=kernel|last; default
                                  * kernel) */
