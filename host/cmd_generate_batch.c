@@ -345,6 +345,9 @@ int cmd_generate_batch(int argc, char **argv)
     c.queue_capacity = b.n;
     if (berth_engine_create(&c, &e) != BERTH_OK) goto out;
     pthread_mutex_lock(&b.mu);
+    /* Held until every prompt is queued: the first step plans them all (as many as the batch budget takes), not
+     * only those that arrived before the engine thread woke. */
+    berth_engine_hold(e, 1);
     for (int32_t i = 0; i < b.n; i++) {
         rq.prompt = b.p[i].ids;
         rq.n_prompt = b.p[i].n;
@@ -360,6 +363,7 @@ int cmd_generate_batch(int argc, char **argv)
         if (i == 0) b.first_id = id;
         /* ids are consecutive for one submitter: the engine hands them out in submission order */
     }
+    berth_engine_hold(e, 0);
     while (b.n_done < b.n) pthread_cond_wait(&b.cv, &b.mu);
     pthread_mutex_unlock(&b.mu);
     rc = 0;
