@@ -22,7 +22,8 @@
  * aligned bf16/f16 cache with up to 8 query heads per KV head take attention_decode_mma.cu's tensor-core kernel
  * and are held to the same bound as the prefill kernel's (same rounding contract). The "cluster:" cases are that
  * kernel's edges: split boundaries, length 1, length == window, rows
- * without a cluster, block tables wider than the part it preloads, and (graphs) replays with 0 visible keys.
+ * without a cluster, block tables wider than the part it preloads, and (graphs) replays with 0 visible keys. The
+ * "onepass:" cases give the tensor-core kernel's one-pass instance 2 to 7 splits.
  */
 #include <math.h>
 #include <stdio.h>
@@ -1226,6 +1227,19 @@ static const struct dec_case dec_cases[] = {
      CAUSAL, 512, 1.0f, 0.0f, 0, 0, 0},
     {"graph: d512/dv500 f32 rep16 (four head groups) bs16 unaligned rows, 2 seqs, table of 20 blocks",
      F32, 512, 500, 1, 16, 16, 2, 2, {300, 2}, CAUSAL, 0, 0.0441942f, 0.0f, 1, 20, 3},
+    /* "onepass:": the tensor-core kernel's head-dim-256 calls of 2..7 splits (longest row under the window's 512
+     * keys, at most 64 keys a split: the one-pass instance; on an H200 the cases above have 8 or 1): splits and
+     * sequences without keys, gate, softcap, f16, a graph replayed with shorter rows */
+    {"onepass: d256 bf16 rep8 window 512, 12 seqs of at most 128 keys (2 splits), gate",
+     BF16, 256, 256, 1, 8, 16, 0, 12, {128, 0, 1, 64, 65, 100, 127, 33, 96, 2, 128, 17}, CAUSAL, 512, 1.0f, 0.0f, 1,
+     0, 0},
+    {"onepass: d256 f16 rep8 window 512, 16 seqs of at most 300 keys (5 splits)",
+     F16, 256, 256, 1, 8, 16, 0, 16, {300, 1, 0, 257, 64, 65, 129, 299, 200, 16, 250, 3, 192, 193, 100, 280}, CAUSAL,
+     512, 1.0f, 0.0f, 0, 0, 0},
+    {"onepass: d256 bf16 rep8 window 512, 8 seqs of at most 448 keys (7 splits), softcap",
+     BF16, 256, 256, 1, 8, 16, 0, 8, {448, 385, 0, 1, 200, 447, 64, 321}, CAUSAL, 512, 1.0f, 30.0f, 0, 0, 0},
+    {"graph: onepass d256 bf16 rep8 window 512, 9 seqs, table of 12 blocks (3 splits), gate",
+     BF16, 256, 256, 1, 8, 16, 0, 9, {190, 0, 1, 100, 64, 129, 192, 5, 150}, CAUSAL, 512, 1.0f, 0.0f, 1, 12, 3},
 };
 #define N_DEC_CASES ((int)(sizeof dec_cases / sizeof dec_cases[0]))
 
