@@ -8,7 +8,7 @@
  * request's callback, which runs on the engine thread (keep it short; it must not call back into the engine
  * except berth_engine_cancel / berth_engine_get_stats).
  *
- * Thread safety: submit, cancel and stats may be called from any thread. Destroy from one thread, after which
+ * Thread safety: submit, hold, cancel and stats may be called from any thread. Destroy from one thread, after which
  * no callback runs.
  */
 #ifndef BERTH_ENGINE_H
