@@ -254,17 +254,29 @@ static void snapshot(berth_engine *e)
     }
 }
 
+/* A submission the engine thread has yet to hand to the scheduler (none while held). Under mu. */
+static int has_new_submission(const berth_engine *e)
+{
+    if (e->hold) return 0;
+    for (int32_t i = 0; i < e->n_live; i++)
+        if (!e->live[i].added) return 1;
+    return 0;
+}
+
+/* DONE "cancelled" for the n samples left of request id, which the scheduler does not hold (never added, or
+ * already gone from it). Not under mu: on_done takes it. */
+static void finish_cancelled(berth_engine *e, int64_t id, int32_t n)
+{
+    for (int32_t k = 0; k < n; k++) on_done(e, id, k, SCHED_FINISH_CANCEL, 0, 0, BERTH_OK, "");
+}
+
 static void *engine_main(void *arg)
 {
     berth_engine *e = arg;
     pthread_mutex_lock(&e->mu);
     for (;;) {
-        int has_new = 0;
-        for (int32_t i = 0; i < e->n_live && !has_new && !e->hold; i++) has_new = !e->live[i].added;
-        while (!e->stop && !has_new && e->n_cancels == 0 && sched_pending(e->sched) == 0) {
+        while (!e->stop && !has_new_submission(e) && e->n_cancels == 0 && sched_pending(e->sched) == 0)
             pthread_cond_wait(&e->cv, &e->mu);
-            for (int32_t i = 0; i < e->n_live && !has_new && !e->hold; i++) has_new = !e->live[i].added;
-        }
         if (e->stop) break;
         /* New submissions, in order (none while held). The scheduler copies what it keeps. */
         for (int32_t i = 0; i < e->n_live && !e->hold; i++) {
@@ -291,7 +303,7 @@ static void *engine_main(void *arg)
             int32_t unadded = i >= 0 && !e->live[i].added ? e->live[i].samples_left : 0;
             pthread_mutex_unlock(&e->mu);
             if (unadded > 0)
-                for (int32_t k = 0; k < unadded; k++) on_done(e, id, k, SCHED_FINISH_CANCEL, 0, 0, BERTH_OK, "");
+                finish_cancelled(e, id, unadded);
             else
                 sched_cancel(e->sched, id); /* may already have finished: fine */
             pthread_mutex_lock(&e->mu);
@@ -423,9 +435,7 @@ void berth_engine_destroy(berth_engine *e)
             pthread_mutex_unlock(&e->mu);
             if (n == 0) break;
             if (l.added && sched_cancel(e->sched, l.id) == BERTH_OK) continue;
-            int32_t samples = l.samples_left;
-            for (int32_t k = 0; k < samples; k++)
-                on_done(e, l.id, k, SCHED_FINISH_CANCEL, 0, 0, BERTH_OK, "");
+            finish_cancelled(e, l.id, l.samples_left);
         }
         pthread_mutex_destroy(&e->mu);
         pthread_cond_destroy(&e->cv);
