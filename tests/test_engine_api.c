@@ -2,8 +2,8 @@
  * run concurrently on the engine thread give each one's lone result; a full queue answers BERTH_E_OVERLOADED;
  * cancel finishes a request "cancelled" with its KV freed by the time DONE arrives; n = 4 forks; stop ids stop;
  * requests submitted while the engine is held start in one step; a [kv] memory the device cannot hold beside
- * the weights fails at create. A gate in the callback holds the
- * engine thread still where a test needs determinism. Exits 77 without fixtures. */
+ * the weights fails at create. A gate in the callback holds the engine thread still where a test needs
+ * determinism. Exits 77 without fixtures. */
 #include <pthread.h>
 #include <unistd.h>
 

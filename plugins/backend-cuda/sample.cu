@@ -661,13 +661,13 @@ __global__ void __launch_bounds__(SMP_THREADS) smp_rows_kernel(const smp_args a)
 #define SMP_AM_SEG 2048        /* fewest entries per block: 8 per thread */
 #define SMP_AM_MAX_BLOCKS 1024 /* segments per row (the merge's warp takes 32 each at most) */
 #define SMP_AM_UNROLL 8        /* loads in flight per thread */
-/* Rows of 16-byte aligned float4s (V % 4 == 0, aligned rows): each thread loads SMP_AM_VUNROLL float4s a round, and
- * a block takes at least SMP_AM_VSEG entries (two rounds; the whole row when V is shorter). At E2B's 262144 logits x 32 rows that is 1024 blocks
- * instead of 4096 one-round blocks of scalar loads: the logits the LM head just wrote are read in ~one wave with
- * 64 bytes in flight per thread (the scalar path: 13.7 us a decode step at 32 sequences, bench/RESULTS.md
- * session 25). Only where that still makes SMP_AM_VGRID blocks in all: with fewer rows the scalar path's smaller
- * segments pull a row faster (one row of 262144 in 32 float4 blocks cost ~2 us a step at batch 1 against 128
- * scalar ones, bench/RESULTS.md session 26). */
+/* Rows of 16-byte aligned float4s (V % 4 == 0, aligned rows): each thread loads SMP_AM_VUNROLL float4s a round, and a
+ * block takes at least SMP_AM_VSEG entries (two rounds; the whole row when V is shorter). At E2B's 262144 logits x 32
+ * rows that is 1024 blocks instead of 4096 one-round blocks of scalar loads: the logits the LM head just wrote are read
+ * in ~one wave with 64 bytes in flight per thread (the scalar path: 13.7 us a decode step at 32 sequences,
+ * bench/RESULTS.md session 25). Only where that still makes SMP_AM_VGRID blocks in all: with fewer rows the scalar
+ * path's smaller segments pull a row faster (one row of 262144 in 32 float4 blocks cost ~2 us a step at batch 1 against
+ * 128 scalar ones, bench/RESULTS.md session 26). */
 #define SMP_AM_VUNROLL 4
 #define SMP_AM_VGRID 1024
 #define SMP_AM_VSEG (2 * SMP_AM_VUNROLL * 4 * SMP_AM_THREADS)
