@@ -655,19 +655,29 @@ __global__ void __launch_bounds__(32 * NW, (adm_min_blocks<DP, F16, MK, STG, BNO
 // of each (sequence, KV head), the weighted sum over the splits' partials (64 KB per pair at head dim 256, 8
 // splits) runs through one SM per pair after that pair's key loop, and at 32 sequences it took about half of the
 // kernel's time (bench/RESULTS.md, session 10). Here every thread owns one float4 of one head's output, so a pair's
-// merge is spread over m_chunks blocks across the GPU, and all of its loads are issued at once. Grid: m_chunks *
-// n_kv_heads * n_seqs blocks of ADM_THREADS, chunk fastest. The sum runs in split order (deterministic).
+// merge is spread over m_chunks blocks across the GPU. Grid: m_chunks * n_kv_heads * n_seqs blocks of
+// ADM_THREADS, chunk fastest. The sum runs in split order (deterministic).
+// The chain after the PDL wait is what this kernel costs in a decode step (docs/cuda-decode-step.md): with
+// a.prewait the sequence's row range is read before the wait (the attention kernel's own rule: the host copied the
+// metadata before the step), and up to ADM_MERGE_BATCH splits' statistics and partials are loaded in one batch, so
+// the wait is followed by one round trip to L2 and the stores. More splits take the two-pass loop (max, then sum);
+// both give the same bits for the same splits (same operations in the same order).
+
+#define ADM_MERGE_BATCH 8
 
 __global__ void __launch_bounds__(ADM_THREADS) adm_merge_kernel(const adm_args a)
 {
     cu_pdl_trigger();
-    cu_pdl_wait(); /* the partials (and nothing else read here) come from the attention kernel just before */
+    if (!a.prewait)
+        cu_pdl_wait(); /* the partials (and, without prewait, everything else read here) come from before */
     const unsigned bx = blockIdx.x;
     const int chunk = (int)(bx % (unsigned)a.m_chunks);
     const unsigned rest = bx / (unsigned)a.m_chunks;
     const int g = (int)(rest % (unsigned)a.n_kv_heads);
     const int seq = (int)(rest / (unsigned)a.n_kv_heads);
     const int32_t q0 = a.seq_q_start[seq], q1 = a.seq_q_start[seq + 1];
+    if (a.prewait)
+        cu_pdl_wait(); /* on every path (cuda_launch.cuh), threads without work included */
     if (!cu_attn_rows_ok(a, q0, q1))
         return;
     const int c4n = a.DV / 4; /* DV is a multiple of 16 */
@@ -680,22 +690,46 @@ __global__ void __launch_bounds__(ADM_THREADS) adm_merge_kernel(const adm_args a
         const int64_t slot0 = ((int64_t)t * a.n_kv_heads + g) * a.ns;
         const float2 *ml = a.part_ml + slot0 * ADM_HEADS + h;
         const float4 *po = (const float4 *)(a.part_o + slot0 * ADM_HEADS * a.DV) + (int64_t)h * c4n + d / 4;
-        float mx = -INFINITY;
-#pragma unroll 8
-        for (int sp = 0; sp < a.ns; sp++)
-            mx = fmaxf(mx, __ldcg(&ml[sp * ADM_HEADS].x));
-        float l = 0.0f;
+        float mx = -INFINITY, l = 0.0f;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (a.ns <= ADM_MERGE_BATCH) {
+            float2 mb[ADM_MERGE_BATCH];
+            float4 vb[ADM_MERGE_BATCH];
+#pragma unroll
+            for (int sp = 0; sp < ADM_MERGE_BATCH; sp++) /* every load before any use */
+                if (sp < a.ns) {
+                    mb[sp] = __ldcg(&ml[sp * ADM_HEADS]);
+                    vb[sp] = __ldcg(po + sp * sst);
+                }
+#pragma unroll
+            for (int sp = 0; sp < ADM_MERGE_BATCH; sp++)
+                if (sp < a.ns)
+                    mx = fmaxf(mx, mb[sp].x);
+#pragma unroll
+            for (int sp = 0; sp < ADM_MERGE_BATCH; sp++)
+                if (sp < a.ns) {
+                    const float w = mb[sp].x == -INFINITY ? 0.0f : adm_exp2(mb[sp].x - mx);
+                    l = fmaf(w, mb[sp].y, l);
+                    acc.x = fmaf(w, vb[sp].x, acc.x);
+                    acc.y = fmaf(w, vb[sp].y, acc.y);
+                    acc.z = fmaf(w, vb[sp].z, acc.z);
+                    acc.w = fmaf(w, vb[sp].w, acc.w);
+                }
+        } else {
 #pragma unroll 8
-        for (int sp = 0; sp < a.ns; sp++) {
-            const float2 m = __ldcg(&ml[sp * ADM_HEADS]);
-            const float4 v = __ldcg(po + sp * sst);
-            const float w = m.x == -INFINITY ? 0.0f : adm_exp2(m.x - mx);
-            l = fmaf(w, m.y, l);
-            acc.x = fmaf(w, v.x, acc.x);
-            acc.y = fmaf(w, v.y, acc.y);
-            acc.z = fmaf(w, v.z, acc.z);
-            acc.w = fmaf(w, v.w, acc.w);
+            for (int sp = 0; sp < a.ns; sp++)
+                mx = fmaxf(mx, __ldcg(&ml[sp * ADM_HEADS].x));
+#pragma unroll 8
+            for (int sp = 0; sp < a.ns; sp++) {
+                const float2 m = __ldcg(&ml[sp * ADM_HEADS]);
+                const float4 v = __ldcg(po + sp * sst);
+                const float w = m.x == -INFINITY ? 0.0f : adm_exp2(m.x - mx);
+                l = fmaf(w, m.y, l);
+                acc.x = fmaf(w, v.x, acc.x);
+                acc.y = fmaf(w, v.y, acc.y);
+                acc.z = fmaf(w, v.z, acc.z);
+                acc.w = fmaf(w, v.w, acc.w);
+            }
         }
         const float li = l > 0.0f ? 1.0f / l : 0.0f;
         float r[4] = {acc.x * li, acc.y * li, acc.z * li, acc.w * li};

@@ -24,8 +24,9 @@
  * Two deliberate exceptions, both in the decode attention kernels (attention_decode.cu, attention_decode_mma.cu):
  * the cluster kernel triggers after its key loop, not first (BERTH_CUDA_ATT_TRIGGER), and in causal calls both read the step's
  * metadata and the K/V of keys older than the batch's own rows before their wait (BERTH_CUDA_ATT_PREWAIT), on the
- * assumption about the host written in attention_decode.cu ("Reads before the PDL wait"). Every thread still
- * waits before its first global write and before it exits.
+ * assumption about the host written in attention_decode.cu ("Reads before the PDL wait"); the split merge after
+ * the tensor-core one reads its sequence's row range early under the same switch. Every thread still waits before
+ * its first global write and before it exits.
  * One more exception, the other way: copy.cu's copy kernel stands for a copy, which must stay a full stream
  * dependency for those early readers, so it never triggers and marks its stream (cu_pdl_barrier_set), and the
  * next cu_launch on that stream goes without PDL (graph_end marks the stream too: a capture that fails is run
