@@ -57,6 +57,7 @@
  * kernels around it keep their PDL overlap;
  * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
  */
+#include "cuda_cluster.cuh"
 #include "cuda_internal.h"
 #include "cuda_device.cuh"
 #include "cuda_launch.cuh"
@@ -138,6 +139,8 @@ struct sk_args {
     int32_t glu, act;         /* BERTH_GLU_*, BERTH_ACT_* */
     int32_t accumulate;
     int32_t early;            /* w may be read before cu_pdl_wait */
+    int32_t u_prefetch;       /* XH, GLU MUL: this thread's y_glu_up elements prefetched into L2 at entry */
+    int32_t end_relaxed;      /* the last cluster barrier arrives relaxed (no wait for the stores' acknowledgement) */
     int32_t xvec;             /* every x row 16-byte aligned: 16-byte x loads */
     const uint16_t *xh;       /* XH instances: x rounded to the weight dtype, row m at xh + m * ldxh (16-byte rows) */
     int64_t ldxh;
@@ -366,6 +369,26 @@ static __device__ __forceinline__ void sk_store_output(const sk_args &a, float *
 
 /* Ranks of a cluster whose partials one output's sum has in flight at once: 16 loads (32 with the up half). */
 #define SK_EPI_LOADS 16
+
+/* The gated epilogue's second operand under BERTH_GLU_MUL (Gemma 4's per-layer input, written at the start of the
+ * step and evicted from L2 by every layer's weights since) is read last, after the cluster reduction: a DRAM round
+ * trip at the kernel's end. This prefetches the elements of this thread's outputs in sk_outputs_xh (the same
+ * slicing; one at the E2B gate) into L2 at entry. A hint that reads no value, so it may precede the PDL wait: L2
+ * is where global memory is coherent, and a write after it updates the line. */
+template <int BN, int THREADS>
+static __device__ __forceinline__ void sk_prefetch_u(const sk_args &a, int splits, int rank, int Mb, int mz, int n0)
+{
+    const int lno = __ffs(BN) - 1; /* GLU MUL: BN outputs per block */
+    const int NO = 1 << lno;
+    const int total = Mb * NO;
+    const int share = (total + splits - 1) / splits;
+    const int i0 = rank * share, i1 = i0 + share < total ? i0 + share : total;
+    for (int idx = i0 + (int)threadIdx.x; idx < i1; idx += THREADS) {
+        const int m = idx >> lno, n = n0 + (idx & (NO - 1));
+        if (n < a.N)
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a.u[mz + m] + n));
+    }
+}
 
 /* The outputs of an XH instance's block (m, n0 + r): its slice of the cluster's Mb * NO, each the partial tiles of
  * every block of the cluster (rank order) and every k phase summed in that order, then bias, the gated epilogue,
@@ -616,6 +639,10 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     [[maybe_unused]] auto tma_x = [&](int kt, int s) {
         sk_tma(base + s * C::STAGE + X_OFF, &a.tmx, kt * SK_BK, mz, bars + 8 * s);
     };
+
+    if constexpr (XH)
+        if (a.u_prefetch)
+            sk_prefetch_u<BN, THREADS>(a, splits, rank, Mb, mz, n0);
 
     /* Prologue: stages 0..S-2, one commit group each; weights before the wait when they are a weights buffer
      * (uncommitted, they join group 0, which then completes no later than the others). */
@@ -909,8 +936,18 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         }
     }
     SK_STAMP(7);
-    if (splits > 1)
-        cg::this_cluster().sync(); /* no block may leave while another still reads its shared memory */
+    if (splits > 1) { /* no block may leave while another still reads its shared memory */
+        if (a.end_relaxed) {
+            /* Relaxed: every remote load of this thread fed a store issued before this point, so it has returned;
+             * the stores need no ordering here (the grid's end publishes them to the next kernel's PDL wait). A
+             * release arrive would first wait for their acknowledgement from L2. Converged for .aligned. */
+            __syncwarp();
+            cu_cluster_arrive_relaxed();
+            cu_cluster_wait();
+        } else {
+            cg::this_cluster().sync();
+        }
+    }
     SK_STAMP(8);
 }
 
@@ -1285,6 +1322,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.act = glu != BERTH_GLU_NONE ? p->y_glu_act : BERTH_ACT_IDENTITY;
     a.accumulate = p->accumulate;
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
+    a.u_prefetch = glu == BERTH_GLU_MUL && be->skinny_u_prefetch;
+    a.end_relaxed = be->skinny_end_relaxed;
     a.xvec = xvec;
     a.M = (int32_t)M;
     a.mg = mg;
