@@ -338,7 +338,6 @@ __global__ void __launch_bounds__(32 * NW, (adm_min_blocks<DP, F16, MK, STG, BNO
                 adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, INT32_MIN, safe_hi);
             cu_cp_commit();
         }
-        bool newest = false; /* this batch's keys copied after the wait, in a group of their own */
         if (!waited) {
             cu_pdl_wait();
             ADM_STAMP(1);
@@ -348,7 +347,7 @@ __global__ void __launch_bounds__(32 * NW, (adm_min_blocks<DP, F16, MK, STG, BNO
                 for (int s0 = 0; s0 < PRE && s0 < ntiles; s0++)
                     adm_issue<DP, STG, BNO, NW>(a, sm, bt_s, e0, k0 + s0 * BN, k1, g, s0, safe_hi);
                 cu_cp_commit();
-                newest = true;
+                cu_cp_wait<0>(); /* that group came last: let both tiles land before the loop counts groups */
             }
         }
         {
@@ -365,14 +364,6 @@ __global__ void __launch_bounds__(32 * NW, (adm_min_blocks<DP, F16, MK, STG, BNO
                     x[k][0] = qr[d];
                     x[k][1] = qr[d + 1]; /* D is even */
                 }
-            }
-            /* The newest keys' group came last: let it land before the loop counts groups — after q's loads are
-             * in flight, so the two round trips overlap. The one-stage loop waits for every group anyway. */
-            if constexpr (STG != 1) {
-                if (newest)
-                    cu_cp_wait<0>();
-            } else {
-                (void)newest;
             }
 #pragma unroll
             for (int k = 0; k < QK; k++) {
