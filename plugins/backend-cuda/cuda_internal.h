@@ -218,8 +218,10 @@ struct berth_backend {
                                  * 0: as skinny_bn; env BERTH_CUDA_SKINNY_BN_UNSPLIT, read at init) */
     int skinny_unsplit_waves;   /* skinny_bn_unsplit only for plans of at most this many waves; 0: always (env
                                  * BERTH_CUDA_SKINNY_UNSPLIT_WAVES=0..64, read at init; default 0) */
-    int skinny_u_prefetch;      /* matmul_skinny.cu: GLU MUL's second operand prefetched into L2 at entry (XH instances) */
-    int skinny_end_relaxed;     /* matmul_skinny.cu: the last cluster barrier arrives relaxed */
+    int skinny_u_prefetch;      /* matmul_skinny.cu: GLU MUL's second operand prefetched into L2 at entry (XH instances;
+                                 * env BERTH_CUDA_SKINNY_UPREFETCH=0|1, read at init; default 1) */
+    int skinny_end_relaxed;     /* matmul_skinny.cu: the split products' last cluster barrier arrives relaxed (env
+                                 * BERTH_CUDA_SKINNY_END_RELAXED=0|1, read at init; default 1) */
     int skinny_trim;            /* matmul_skinny.cu: an XH launch whose K split needs fewer ring stages than the instance
                                  * has asks for only the shared memory it touches, so that neighbouring kernels' blocks
                                  * fit beside it under PDL (env BERTH_CUDA_SKINNY_TRIM=0|1, read at init; default 0
