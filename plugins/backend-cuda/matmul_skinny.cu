@@ -566,6 +566,7 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
             sk_bar_expect(pbar, (uint32_t)(splits * cnt * 4));
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         }
+        __syncwarp(); /* converged for .aligned after thread 0's branch */
         cu_cluster_arrive_relaxed();
     }
     /* stage s: w at base + s*STAGE, x at + WBYTES (f32; XH: the rounded tile itself), norm weight at + WBYTES +
@@ -1510,6 +1511,10 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         pl.k.fn = sk_push_kernel(wg);
         pl.k.smem = sk_push_smem(pl.splits, mg);
         if (!sk_clusters_fit(pl, groups)) {
+            if (be->skinny_strict) /* tests: the push twin must be the one tested */
+                return cu_fail(be->host, BERTH_E_INTERNAL,
+                               "matmul: the push twin's clusters do not fit for M = %lld, N = %lld, K = %lld",
+                               (long long)M, (long long)N, (long long)K);
             pl.k = usual;
             push = false;
         }
