@@ -55,7 +55,10 @@
  * BERTH_CUDA_SKINNY_PLAIN (0 off, else the bound; default CU_SKINNY_PLAIN_M) does the same for products without any
  * norm, x rounded by matmul.cu's pack (cu_matmul_pack_x) — at 32 rows cheaper than cuBLAS mostly because the
  * kernels around it keep their PDL overlap;
- * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests).
+ * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests);
+ * BERTH_CUDA_SKINNY_PUSH 1 (A/B, default 0) runs the split 64-row-tile XH products at 9-32 rows on the push twins
+ * (the cluster reduction by st.async into the owner's shared memory: sk_kernel's PUSH), 2 the same with a relaxed
+ * cluster barrier before exit.
  */
 #include "cuda_cluster.cuh"
 #include "cuda_internal.h"
@@ -148,6 +151,8 @@ struct sk_args {
                                * shadow, cuda_internal.h: the next product's x without a pack) */
     int64_t ldysh;
     int32_t ysh_dt;
+    int32_t push_end;         /* the push instances: a relaxed cluster barrier before exit (BERTH_CUDA_SKINNY_PUSH=2;
+                               * in padding before tmw: the other fields' offsets are unchanged) */
 #ifdef BERTH_SK_STAMPS
     unsigned long long *prof; /* BERTH_CUDA_ATT_PROF=1 in a -Dskinny_stamps=true build: SK_STAMPS per block */
 #endif
@@ -299,6 +304,33 @@ static __device__ __forceinline__ void sk_wgmma_64x32(float (&d)[16], uint64_t d
     asm volatile("{\n.reg .pred p;\nSK_BAR_WAIT:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
                  "@!p bra SK_BAR_WAIT;\n}" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+
+/* The push reduction (PUSH instances, BERTH_CUDA_SKINNY_PUSH): the address of this block's shared address in
+ * cluster rank `rank`'s window; a 4-byte store into another block's shared memory that completes its bytes on
+ * that block's mbarrier (remote_bar, mapped as well); a wait on this block's mbarrier phase that acquires at
+ * cluster scope (the stores came from other blocks). */
+[[maybe_unused]] static __device__ __forceinline__ uint32_t sk_mapa(uint32_t saddr, uint32_t rank)
+{
+    uint32_t r;
+    asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(saddr), "r"(rank)); /* pure: may be hoisted */
+    return r;
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void sk_st_async(uint32_t remote, float v, uint32_t remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(remote),
+                 "r"(__float_as_uint(v)), "r"(remote_bar)
+                 : "memory");
+}
+
+[[maybe_unused]] static __device__ __forceinline__ void sk_bar_wait_cluster(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n.reg .pred p;\nSK_BAR_WAIT_CL:\n"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra SK_BAR_WAIT_CL;\n}" ::"r"(bar),
                  "r"(parity)
                  : "memory");
 }
@@ -465,7 +497,7 @@ static __device__ __forceinline__ void sk_outputs_xh(const sk_args &a, const flo
 /* One block: BN rows of w (HALVES: BN/2 gate rows and their BN/2 up rows) x the mg rows of x of its row group
  * (blockIdx.z), over k tiles
  * [blockIdx.y * kt_per_split, ...). gridDim.y > 1 only as a cluster of that many blocks (see the top comment). */
-template <int WDT, int NT, int BN, bool XH, int WG = 0>
+template <int WDT, int NT, int BN, bool XH, int WG = 0, bool PUSH = false>
 __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 : 2)
     sk_kernel(const __grid_constant__ sk_args a)
 {
@@ -484,6 +516,15 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
      * (sk_args.tmw / tmx) against the stage's mbarrier, instead of every thread its 16-byte cp.async chunks */
     constexpr bool TMA = WGX && WG == 2;
     constexpr bool XFIRST = WGX && BN == 32;
+    /* PUSH (BERTH_CUDA_SKINNY_PUSH; the host launches it only for XH products with a K split, no HALVES epilogue,
+     * no accumulate): the cluster reduction pushes instead of pulling. Each block sums its k phases of every output
+     * and stores that sum (st.async) into the owning block's receive area, recv[q * share + j] (q: the sender's
+     * rank, j: the output's index in the owner's slice), past everything else in shared memory (a fast block may
+     * push while the owner still runs its k loop); the stores complete bytes on the owner's mbarrier, which the
+     * owner waits on before it sums recv in rank order (the pull path's sums, in its order: bit-identical). No
+     * cluster barrier after the k loop (only the wait on the entry arrive, which orders the pushes after every
+     * mbarrier's initialisation) and none at the end: no block reads another's shared memory. */
+    static_assert(!PUSH || (XH && WG != 2), "the push instances: XH, ring by cp.async");
     constexpr uint32_t W_OFF = XFIRST ? C::XBYTES : 0, X_OFF = XFIRST ? 0 : C::WBYTES;
     constexpr int KPE = WGX ? 1 : C::KP; /* k phases of the partial tile */
     constexpr int S = C::S, MP = C::MP, THREADS = C::THREADS;
@@ -510,6 +551,24 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
     if constexpr (WGX)
         if (base & 1023u) /* a misaligned tile would be read with the wrong swizzle phase: fail loudly */
             __trap();
+    /* PUSH: the mbarrier at base + SMEM (8 bytes, 16 reserved), recv from + 16: splits * share floats. Thread 0
+     * arms it for the bytes this block will receive (splits * its output count: 0 allowed, then the phase completes
+     * at the arrive), makes the initialisation visible to the cluster, and every thread arrives on the cluster
+     * barrier whose wait precedes this block's first push (so no block pushes into an uninitialised mbarrier). */
+    if constexpr (PUSH) {
+        const uint32_t pbar = base + (uint32_t)C::SMEM;
+        const int ptotal = Mb * BN; /* NO = BN (no HALVES) */
+        const int pshare = (ptotal + splits - 1) / splits;
+        const int pi0 = rank * pshare, pi1 = pi0 + pshare < ptotal ? pi0 + pshare : ptotal;
+        if (t == 0) {
+            const int cnt = pi1 > pi0 ? pi1 - pi0 : 0;
+            sk_bar_init(pbar);
+            sk_bar_expect(pbar, (uint32_t)(splits * cnt * 4));
+            asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        }
+        __syncwarp(); /* converged for .aligned after thread 0's branch */
+        cu_cluster_arrive_relaxed();
+    }
     /* stage s: w at base + s*STAGE, x at + WBYTES (f32; XH: the rounded tile itself), norm weight at + WBYTES +
      * XBYTES (not XH); then xb (not XH), then ssp */
     const uint32_t xb = base + S * C::STAGE;
@@ -877,13 +936,52 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
             if ((t & 15) == 0)
                 ssp[j * (THREADS / 16) + (t >> 4)] = v;
         }
-    if (splits > 1)
-        cg::this_cluster().sync();
-    else
-        __syncthreads();
+    if constexpr (PUSH) {
+        __syncthreads(); /* the block's partial tile is complete */
+        cu_cluster_wait(); /* every block's mbarrier is initialised and armed (the entry arrive) */
+    } else {
+        if (splits > 1)
+            cg::this_cluster().sync();
+        else
+            __syncthreads();
+    }
     SK_STAMP(6);
 
-    if constexpr (XH) {
+    if constexpr (PUSH) {
+        /* push: every output of the cluster's Mb * BN (those past N too, so the owners' byte counts are exact),
+         * this block's k phases summed as the pull path sums them, to its owner o = e / share at recv slot
+         * (rank, e - o * share) */
+        constexpr int lno = BN == 32 ? 5 : BN == 64 ? 6 : BN == 128 ? 7 : 8;
+        const uint32_t pbar = base + (uint32_t)C::SMEM, precv = pbar + 16;
+        const int ptotal = Mb * BN; /* NO = BN (no HALVES) */
+        const int pshare = (ptotal + splits - 1) / splits;
+        const int pi0 = rank * pshare, pi1 = pi0 + pshare < ptotal ? pi0 + pshare : ptotal;
+        for (int e = t; e < ptotal; e += THREADS) {
+            const int o = e / pshare, j = e - o * pshare;
+            const int off = (e >> lno) * C::PITCH + (e & (BN - 1));
+            float sv = 0.0f;
+#pragma unroll
+            for (int p = 0; p < KPE; p++)
+                sv += part[p * MP * C::PITCH + off];
+            sk_st_async(sk_mapa(precv + (uint32_t)(rank * pshare + j) * 4u, (uint32_t)o), sv,
+                        sk_mapa(pbar, (uint32_t)o));
+        }
+        /* own: every block's sums have landed (phase 0 completes when all splits * cnt * 4 bytes have) */
+        sk_bar_wait_cluster(pbar, 0);
+        const float *const recv = reinterpret_cast<const float *>(sk_smem + C::SMEM + 16);
+        for (int idx = pi0 + t; idx < pi1; idx += THREADS) {
+            const int m = idx >> lno, r = idx & (BN - 1), n = n0 + r;
+            if (n >= a.N)
+                continue;
+            const int j = idx - pi0;
+            float z = 0.0f;
+#pragma unroll
+            for (int q = 0; q < SK_MAX_CLUSTER; q++) /* the loads may all be in flight; added in rank order */
+                if (q < splits)
+                    z += recv[q * pshare + j];
+            sk_store_output<true>(a, Y, U, mz, m, n, z, 0.0f, false);
+        }
+    } else if constexpr (XH) {
         sk_outputs_xh<BN, KPE, MP, C::PITCH, THREADS>(a, part, splits, rank, Mb, mz, n0);
     } else {
         /* Outputs (m, n0 + r), this block's slice of the M * NO of the cluster: the partials of every block of the
@@ -936,7 +1034,17 @@ __global__ void __launch_bounds__(sk_shape<BN, NT, XH>::THREADS, BN == 256 ? 1 :
         }
     }
     SK_STAMP(7);
-    if (splits > 1) { /* no block may leave while another still reads its shared memory */
+    if constexpr (PUSH) {
+        /* PUSH 2 only (a.push_end): every block stays until all have passed their wait, i.e. until every push of
+         * the cluster has landed — for the case that a block's exit with its st.async still in flight were not
+         * allowed (no PTX rule found that says so; PUSH 1 goes without). Converged for .aligned. */
+        if (a.push_end) {
+            __syncwarp();
+            cu_cluster_arrive_relaxed();
+            cu_cluster_wait();
+        }
+    }
+    if (!PUSH && splits > 1) { /* no block may leave while another still reads its shared memory */
         if (a.end_relaxed) {
             /* Relaxed: every remote load of this thread fed a store issued before this point, so it has returned;
              * the stores need no ordering here (the grid's end publishes them to the next kernel's PDL wait). A
@@ -983,6 +1091,21 @@ static void (*sk_wg_kernel(int bn, bool tma))(sk_args)
     if (bn == 32)
         return tma ? sk_kernel<WDT, 4, 32, true, 2> : sk_kernel<WDT, 4, 32, true, 1>;
     return tma ? sk_kernel<WDT, 4, 64, true, 2> : sk_kernel<WDT, 4, 64, true, 1>;
+}
+
+/* The push-reduction twin (BERTH_CUDA_SKINNY_PUSH) of the 64-row-tile XH instance at 32 x rows, bf16 weights:
+ * WG 1 (wgmma, ring by cp.async) or 0 (mma.sync); its dynamic shared memory: the instance's, an mbarrier (16
+ * bytes reserved) and the receive area of a cluster of `splits` blocks over mg rows of x. */
+static void (*sk_push_kernel(bool wgmma))(sk_args)
+{
+    return wgmma ? sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 1, true>
+                 : sk_kernel<BERTH_DTYPE_BF16, 4, 64, true, 0, true>;
+}
+
+static size_t sk_push_smem(int splits, int mg)
+{
+    const int total = mg * 64, share = (total + splits - 1) / splits;
+    return sk_shape<64, 4, true>::SMEM + 16 + (size_t)splits * share * 4;
 }
 
 /* One instance as the planner sees it. */
@@ -1324,6 +1447,7 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.u_prefetch = glu == BERTH_GLU_MUL && be->skinny_u_prefetch;
     a.end_relaxed = be->skinny_end_relaxed;
+    a.push_end = be->skinny_push == 2;
     a.xvec = xvec;
     a.M = (int32_t)M;
     a.mg = mg;
@@ -1377,6 +1501,24 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
         pl.k.fn = wdt == BERTH_DTYPE_BF16 ? sk_wg_kernel<BERTH_DTYPE_BF16>(pl.bn, tma)
                                           : sk_wg_kernel<BERTH_DTYPE_F16>(pl.bn, tma);
     }
+    /* be->skinny_push (BERTH_CUDA_SKINNY_PUSH): the split 64-row-tile XH products at 32 x rows (bf16 weights, no
+     * HALVES epilogue, no accumulate) reduce through the push twin (the cp.async wgmma one or the mma.sync one);
+     * its launch asks for its receive area on top of the instance's whole ring (no trim) */
+    bool push = be->skinny_push && xh && nt == 4 && pl.bn == 64 && pl.splits > 1 && !tma &&
+                wdt == BERTH_DTYPE_BF16 && !halves && !p->accumulate;
+    if (push) { /* (its few KiB more still leave two blocks per SM: checked, else the usual instance runs) */
+        const sk_kinfo usual = pl.k;
+        pl.k.fn = sk_push_kernel(wg);
+        pl.k.smem = sk_push_smem(pl.splits, mg);
+        if (!sk_clusters_fit(pl, groups)) {
+            if (be->skinny_strict) /* tests: the push twin must be the one tested */
+                return cu_fail(be->host, BERTH_E_INTERNAL,
+                               "matmul: the push twin's clusters do not fit for M = %lld, N = %lld, K = %lld",
+                               (long long)M, (long long)N, (long long)K);
+            pl.k = usual;
+            push = false;
+        }
+    }
     /* a gated product's output is the input of the product next (the MLP's down projection; the PLE projection
      * after the PLE gate): round it once here, where that product takes the XH instances (the plain path; the
      * claim checks its row range). A small gated product's successor is small too, and reads f32 unless
@@ -1398,7 +1540,8 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     if (e == cudaSuccess) /* one launch: a cluster (1, splits, 1) when K is split, with PDL when enabled */
         e = cu_launch_cluster(be, s->cs, dim3((unsigned)cb, (unsigned)pl.splits, (unsigned)groups),
                               dim3((unsigned)pl.k.threads),
-                              sk_launch_smem(be, pl, tma), dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn,
+                              push ? pl.k.smem : sk_launch_smem(be, pl, tma),
+                              dim3(1, pl.splits > 1 ? (unsigned)pl.splits : 1u, 1), pl.k.fn,
                               a);
     berth_status st = cu_check(be, e, "matmul: skinny kernel");
     if (st == BERTH_OK)
