@@ -406,7 +406,9 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     be->skinny_trim = env_flag(host, "BERTH_CUDA_SKINNY_TRIM", 0);
     be->skinny_u_prefetch = env_flag(host, "BERTH_CUDA_SKINNY_UPREFETCH", 1);
     be->skinny_end_relaxed = env_flag(host, "BERTH_CUDA_SKINNY_END_RELAXED", 1);
-    be->skinny_push = env_int(host, "BERTH_CUDA_SKINNY_PUSH", 0, 2, 1, 0,
+    /* The push reduction: E2B decode on the H200 +4.2% at 32 sequences (4 of 4 rounds; 8 sequences do not take
+     * it), bench/RESULTS.md session 29. */
+    be->skinny_push = env_int(host, "BERTH_CUDA_SKINNY_PUSH", 0, 2, 1, 1,
                               "0, 1 (push reduction) or 2 (push, last cluster barrier kept relaxed)");
     be->skinny_wgmma = env_int(host, "BERTH_CUDA_SKINNY_WGMMA", 0, 2, 1, 1, "0, 1 (wgmma) or 2 (wgmma + TMA)");
     /* the TMA instances' tensor maps are encoded by the driver (cuTensorMapEncodeTiled, CUDA 12.0), reached

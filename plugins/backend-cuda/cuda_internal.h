@@ -225,8 +225,7 @@ struct berth_backend {
     int skinny_push;            /* matmul_skinny.cu: the 64-row-tile XH products at 9-32 rows with a K split reduce
                                  * by pushing each block's sums into the owner's shared memory (st.async + mbarrier)
                                  * instead of pulling; 2: the same with a relaxed last cluster barrier (env
-                                 * BERTH_CUDA_SKINNY_PUSH=0|1|2, read at init; default 0: an A/B switch, not yet
-                                 * measured) */
+                                 * BERTH_CUDA_SKINNY_PUSH=0|1|2, read at init; default 1) */
     int skinny_trim;            /* matmul_skinny.cu: an XH launch whose K split needs fewer ring stages than the instance
                                  * has asks for only the shared memory it touches, so that neighbouring kernels' blocks
                                  * fit beside it under PDL (env BERTH_CUDA_SKINNY_TRIM=0|1, read at init; default 0
