@@ -469,7 +469,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
         static const struct { const char *name; unsigned bit; } names[] = {
             {"ynorm", CU_SKIP_YNORM}, {"rope", CU_SKIP_ROPE}, {"norm", CU_SKIP_NORM},
             {"kv", CU_SKIP_KV},       {"attn", CU_SKIP_ATTN}, {"small", CU_SKIP_SMALL},
-            {"kvlocal", CU_SKIP_KVLOCAL}};
+            {"kvlocal", CU_SKIP_KVLOCAL}, {"unary", CU_SKIP_UNARY}};
         for (const char *at = sk; *at;) {
             const size_t len = strcspn(at, ",");
             size_t i = 0;
@@ -479,7 +479,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
                 be->skip |= names[i].bit;
             else if (len)
                 cuda_log(host, BERTH_LOG_WARN, "cuda: BERTH_CUDA_SKIP: '%.*s' ignored: ynorm, rope, norm, kv, attn, "
-                         "small or kvlocal is expected", (int)len, at);
+                         "small, unary or kvlocal is expected", (int)len, at);
             at += len + (at[len] == ',');
         }
         if (be->skip)

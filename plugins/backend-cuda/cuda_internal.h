@@ -289,6 +289,7 @@ static inline bool cu_pdl_barrier_take(berth_backend *be, cudaStream_t cs)
 #define CU_SKIP_SMALL 32u /* matmuls with K or N <= 512 (Gemma 4's per-layer-input products) */
 #define CU_SKIP_KVLOCAL 64u /* not a skip: the tensor-core decode attention reads every key from the pool's first
                              * CU_KVLOCAL_BLOCKS blocks (L2-resident), i.e. what streaming K/V from DRAM costs */
+#define CU_SKIP_UNARY 128u /* unary ops (Gemma 4's final logit softcap) */
 #define CU_KVLOCAL_BLOCKS 64
 #define CU_KVLOCAL_ENTRIES (1 << 20) /* block-table entries of the stand-in table (rows x stride at most) */
 

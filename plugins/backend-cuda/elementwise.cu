@@ -455,7 +455,7 @@ berth_status cu_op_unary(berth_backend *be, berth_stream *s, const berth_unary_p
 {
     CU_OP_BEGIN(be, unary, p);
     const int64_t n = p->x.ne[0], rows = cu_nrows(&p->x);
-    if (n == 0 || rows == 0)
+    if (n == 0 || rows == 0 || (be->skip & CU_SKIP_UNARY))
         return BERTH_OK;
     const bool packed = ew_packed(&p->x) && ew_packed(&p->y);
     const bool vec = ew_vec_ok(&p->x, packed) && ew_vec_ok(&p->y, packed);
