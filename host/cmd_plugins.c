@@ -48,7 +48,7 @@ static void print_dtypes(FILE *f, uint32_t bits)
 
 static void print_caps(FILE *f, uint64_t caps)
 {
-    static const char *const names[] = {"wrap_host", "host_visible", "async", "graphs", "matmul_softcap"};
+    static const char *const names[] = {"wrap_host", "host_visible", "async", "graphs"};
     int n = 0;
     for (int b = 0; b < 64; b++) {
         if (!(caps >> b & 1))

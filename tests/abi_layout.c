@@ -74,7 +74,7 @@ _Static_assert(offsetof(berth_device_info, act_dtypes) == 164, "berth_device_inf
 _Static_assert(offsetof(berth_device_info, kv_dtypes) == 168, "berth_device_info.kv_dtypes moved");
 _Static_assert(offsetof(berth_device_info, compute_units) == 172, "berth_device_info.compute_units moved");
 _Static_assert(offsetof(berth_device_info, preferred_kv_dtype) == 176, "berth_device_info.preferred_kv_dtype moved");
-_Static_assert(sizeof(berth_matmul_params) == 584, "berth_matmul_params size changed");
+_Static_assert(sizeof(berth_matmul_params) == 576, "berth_matmul_params size changed");
 _Static_assert(offsetof(berth_matmul_params, struct_size) == 0, "berth_matmul_params.struct_size moved");
 _Static_assert(offsetof(berth_matmul_params, accumulate) == 4, "berth_matmul_params.accumulate moved");
 _Static_assert(offsetof(berth_matmul_params, x) == 8, "berth_matmul_params.x moved");
@@ -90,7 +90,6 @@ _Static_assert(offsetof(berth_matmul_params, y_glu_up) == 464, "berth_matmul_par
 _Static_assert(offsetof(berth_matmul_params, y_norm) == 552, "berth_matmul_params.y_norm moved");
 _Static_assert(offsetof(berth_matmul_params, x_pre) == 560, "berth_matmul_params.x_pre moved");
 _Static_assert(offsetof(berth_matmul_params, y_then) == 568, "berth_matmul_params.y_then moved");
-_Static_assert(offsetof(berth_matmul_params, y_softcap) == 576, "berth_matmul_params.y_softcap moved");
 _Static_assert(sizeof(berth_get_rows_params) == 272, "berth_get_rows_params size changed");
 _Static_assert(offsetof(berth_get_rows_params, struct_size) == 0, "berth_get_rows_params.struct_size moved");
 _Static_assert(offsetof(berth_get_rows_params, scale) == 4, "berth_get_rows_params.scale moved");

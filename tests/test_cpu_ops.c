@@ -29,7 +29,7 @@ START_TEST(test_descriptor)
     berth_device_info di = {.struct_size = sizeof di};
     ck_assert_int_eq(vt->device_info(&g_host, 0, &di), BERTH_OK);
     ck_assert_msg(strncmp(di.name, "x86_64 CPU (3 threads, ", 23) == 0, "device name '%s'", di.name);
-    ck_assert_uint_eq(di.caps, BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE | BERTH_CAP_MATMUL_SOFTCAP);
+    ck_assert_uint_eq(di.caps, BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE);
     const uint32_t w = BERTH_DTYPE_BIT(BERTH_DTYPE_F32) | BERTH_DTYPE_BIT(BERTH_DTYPE_BF16) |
                        BERTH_DTYPE_BIT(BERTH_DTYPE_F16);
     ck_assert_uint_eq(di.weight_dtypes, w);
@@ -1265,114 +1265,6 @@ START_TEST(test_rms_norm_old_caller)
 }
 END_TEST
 
-/* The logit softcap as the product's last step (y_softcap, ABI 1.1): bit-identical to the product then the unary op
- * TANH (in_scale (float)(1 / cap), out_scale cap), with a bias and a norm prologue too; an older caller's struct
- * (up to y_then) gets the plain product; the field's rules, before anything is written. */
-START_TEST(test_matmul_softcap)
-{
-    const int64_t K = 40, N = 37;
-    for (int64_t M = 1; M <= 9; M += 4) {
-        char what[64];
-        snprintf(what, sizeof what, "matmul softcap M=%lld", (long long)M);
-        struct tt x = tt_new(BERTH_DTYPE_F32, K, M, 1, 1, 1), w = tt_new(BERTH_DTYPE_BF16, K, N, 1, 1, 0);
-        struct tt bias = tt_new(BERTH_DTYPE_F32, N, 1, 1, 1, 0), nw = tt_new(BERTH_DTYPE_BF16, K, 1, 1, 1, 0);
-        struct tt y0 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 0), y1 = tt_new(BERTH_DTYPE_F32, N, M, 1, 1, 2);
-        trand(&x.t, -3, 3);
-        trand(&w.t, -2, 2); /* products up to ~+-100: the cap bites */
-        trand(&bias.t, -5, 5);
-        trand(&nw.t, -1, 1);
-        const float cap = 2.5f;
-        for (int variant = 0; variant < 2; variant++) {
-            berth_matmul_params p = {.struct_size = sizeof p, .x = x.t, .w = w.t, .y = y0.t};
-            if (variant) { /* bias and the norm prologue before the cap */
-                p.bias = bias.t;
-                p.x_norm_mode = BERTH_NORM_W;
-                p.x_norm_eps = 1e-6f;
-                p.x_norm_w = nw.t;
-            }
-            CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
-            berth_unary_params u = {.struct_size = sizeof u, .act = BERTH_ACT_TANH,
-                                    .in_scale = (float)(1.0 / (double)cap), .out_scale = cap, .x = y0.t,
-                                    .y = y0.t};
-            CHECK(ops->unary(be, st, &u) == BERTH_OK, "%s", g_last_error);
-            tpoison(&y1.t);
-            tsnap(&y1);
-            p.y = y1.t;
-            p.y_softcap = cap;
-            ck_assert_int_eq(vt->supports(be, BERTH_OP_MATMUL, &p), BERTH_OK);
-            CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
-            same_bits(&y1.t, &y0.t, what);
-            tcheck_outside(&y1, &y1.t, what);
-            double mx = 0;
-            FOR_EACH(&y1.t, a, b, c, d)
-            {
-                const double v = tget(&y1.t, a, b, c, d);
-                mx = fabs(v) > mx ? fabs(v) : mx;
-                ck_assert_msg(fabs(v) <= cap, "%s: |y| = %g above the cap", what, v);
-            }
-            ck_assert_msg(mx > 0.9 * cap, "%s: the cap never bit (max |y| %g)", what, mx);
-        }
-        /* an older caller's struct stops before y_softcap: the plain product */
-        berth_matmul_params p = {.struct_size = BERTH_SIZE_TO(berth_matmul_params, y_then), .x = x.t, .w = w.t,
-                                 .y = y1.t, .y_softcap = cap};
-        CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
-        p.struct_size = sizeof p;
-        p.y = y0.t;
-        p.y_softcap = 0.0f;
-        CHECK(ops->matmul(be, st, &p) == BERTH_OK, "%s", g_last_error);
-        same_bits(&y1.t, &y0.t, what);
-        /* the rules, before anything is written */
-        tpoison(&y1.t);
-        p.y = y1.t;
-        p.y_softcap = -1.0f;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID, "matmul: y_softcap = -1 must be finite and >= 0");
-        expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: y_softcap = -1 must be finite and >= 0");
-        p.y_softcap = NAN;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID, "matmul: y_softcap = nan must be finite and >= 0");
-        p.y_softcap = INFINITY;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_INVALID, "matmul: y_softcap = inf must be finite and >= 0");
-        p.y_softcap = cap;
-        p.accumulate = 1;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "matmul: y_softcap needs accumulate 0");
-        expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: y_softcap needs accumulate 0");
-        p.accumulate = 0;
-        struct tt wg = tt_new(BERTH_DTYPE_BF16, K, 2 * N, 1, 1, 0);
-        trand(&wg.t, -1, 1);
-        berth_matmul_params g = p;
-        g.w = wg.t;
-        g.y_glu = BERTH_GLU_HALVES;
-        g.y_glu_act = BERTH_ACT_GELU_TANH;
-        expect_error(ops->matmul(be, st, &g), BERTH_E_UNSUPPORTED, "matmul: y_softcap needs y_glu NONE");
-        berth_rms_norm_params yn = {.struct_size = sizeof yn, .weight_mode = BERTH_NORM_UNIT, .eps = 1e-6f,
-                                    .x = y1.t, .residual = absent, .y = y1.t};
-        p.y_norm = &yn;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED,
-                     "matmul: y_softcap cannot be combined with y_norm or y_then");
-        p.y_norm = NULL;
-        struct tt w2 = tt_new(BERTH_DTYPE_BF16, N, 5, 1, 1, 0), y2 = tt_new(BERTH_DTYPE_F32, 5, M, 1, 1, 0);
-        trand(&w2.t, -1, 1);
-        berth_matmul_params q = {.struct_size = sizeof q, .x = y1.t, .w = w2.t, .y = y2.t};
-        p.y_then = &q;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED,
-                     "matmul: y_softcap cannot be combined with y_norm or y_then");
-        p.y_softcap = 0.0f; /* the second product of a pair takes none either */
-        q.y_softcap = cap;
-        expect_error(ops->matmul(be, st, &p), BERTH_E_UNSUPPORTED, "matmul: y_then may have no y_softcap");
-        expect_unsupported(BERTH_OP_MATMUL, &p, "matmul: y_then may have no y_softcap");
-        still_poisoned(&y1.t, what);
-        tt_free(&x);
-        tt_free(&w);
-        tt_free(&bias);
-        tt_free(&nw);
-        tt_free(&y0);
-        tt_free(&y1);
-        tt_free(&wg);
-        tt_free(&w2);
-        tt_free(&y2);
-    }
-}
-END_TEST
-
 /* ---------------------------------------------------------------------------------------------------------------
  * unary, glu, binary, copy */
 
@@ -1835,7 +1727,6 @@ static void add_tests(TCase *tc)
     tcase_add_test(tc, test_matmul_then_norm);
     tcase_add_test(tc, test_norm_then_matmul);
     tcase_add_test(tc, test_matmul_pair);
-    tcase_add_test(tc, test_matmul_softcap);
     tcase_add_test(tc, test_rms_norm_old_caller);
     tcase_add_test(tc, test_unary);
     tcase_add_test(tc, test_unary_softplus_exp_extremes);

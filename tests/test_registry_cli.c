@@ -65,7 +65,7 @@ START_TEST(version_and_help)
 {
     char *out, *err;
     ck_assert_int_eq(run(&out, &err, NULL, "--version", NULL, NULL, NULL, NULL), 0);
-    ck_assert_str_eq(out, "berth " BERTH_VERSION " (plugin ABI 1.1)\n");
+    ck_assert_str_eq(out, "berth " BERTH_VERSION " (plugin ABI 1.0)\n");
     ck_assert_str_eq(err, "");
     free(out), free(err);
 
@@ -126,7 +126,7 @@ START_TEST(shipped_cpu_config_lists_the_build_plugins)
     ck_assert_int_eq(run(&out, &err, NULL, "plugins", "--config", ini, NULL, NULL), 0);
     /* No config warnings (plugins may log their own). */
     ck_assert_msg(strstr(err, ini) == NULL, "%s", err);
-    char *head = ts_fmt("berth " BERTH_VERSION " (plugin ABI 1.1), config %s\n", ini);
+    char *head = ts_fmt("berth " BERTH_VERSION " (plugin ABI 1.0), config %s\n", ini);
     ck_assert_msg(strncmp(out, head, strlen(head)) == 0, "%s", out);
     /* Every plugin file the build made has a row, loaded or rejected with a reason. */
     static const char *const files[] = {"berth-backend-cpu.so", "berth-model-gemma4.so", "berth-backend-cuda.so"};
@@ -165,18 +165,18 @@ START_TEST(conformance_listing)
         const char *file, *row, *next;
     } rows[] = {
         {"backend_abi06.so", "  rejected  -        -             -        0.6    ",
-         "            why: ABI major mismatch: plugin ABI 0.6, host ABI 1.1"},
+         "            why: ABI major mismatch: plugin ABI 0.6, host ABI 1.0"},
         {"backend_abimajor.so", "  rejected  -        -             -        2.0    ",
-         "            why: ABI major mismatch: plugin ABI 2.0, host ABI 1.1"},
-        {"backend_testcpu.so", "  loaded    backend  testcpu       0.1.0    1.1    ",
+         "            why: ABI major mismatch: plugin ABI 2.0, host ABI 1.0"},
+        {"backend_testcpu.so", "  loaded    backend  testcpu       0.1.0    1.0    ",
          "            test backend (testcpu)"},
         {"backend_newminor.so", "  loaded    backend  newminor      0.1.0    1.9    ",
-         "            note: plugin ABI 1.9 is newer than host ABI 1.1 (accepted)"},
-        {"backend_nullmember.so", "  rejected  backend  nullmember    0.1.0    1.1    ",
+         "            note: plugin ABI 1.9 is newer than host ABI 1.0 (accepted)"},
+        {"backend_nullmember.so", "  rejected  backend  nullmember    0.1.0    1.0    ",
          "            why: backend vtable member 'buffer_alloc' is NULL"},
-        {"backend_zerodev.so", "  loaded    backend  zerodev       0.1.0    1.1    ",
+        {"backend_zerodev.so", "  loaded    backend  zerodev       0.1.0    1.0    ",
          "            note: no devices: 0 TEST devices: no test accelerator here"},
-        {"model_testmodel.so", "  loaded    model    testmodel     0.1.0    1.1    ",
+        {"model_testmodel.so", "  loaded    model    testmodel     0.1.0    1.0    ",
          "            test model (testmodel)"},
         {"backend_absent.so", "  missing   -        -             -        -      ", NULL},
     };

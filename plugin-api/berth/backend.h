@@ -37,11 +37,7 @@ typedef struct berth_event berth_event;     /* a point in a stream's order (even
 #define BERTH_CAP_HOST_VISIBLE (1ull << 1) /* buffer_host_ptr works: buffers are addressable by the host */
 #define BERTH_CAP_ASYNC (1ull << 2)        /* ops are enqueued; results need stream_sync */
 #define BERTH_CAP_GRAPHS (1ull << 3)       /* graph_begin/end/launch/destroy work: record a step once, replay it */
-/* (1.1) matmul's y_softcap works: every matmul the backend supports without it, it also supports with
- * y_softcap > 0 (within that field's rules). A backend built for 1.0 ignores the field, so a caller sends it only
- * where this bit is set, and issues the unary op after the product elsewhere. */
-#define BERTH_CAP_MATMUL_SOFTCAP (1ull << 4)
-#define BERTH_CAP_KNOWN_MASK ((1ull << 5) - 1)
+#define BERTH_CAP_KNOWN_MASK ((1ull << 4) - 1)
 
 /* Probe result: is the hardware there at all? Out-struct: caller sets struct_size. */
 typedef struct berth_probe_info {
@@ -164,15 +160,7 @@ typedef struct berth_matmul_params {
      * between the products. The caller keeps *y_then (and its norms) alive for the call. Default (older caller or
      * NULL): no second product. */
     const struct berth_matmul_params *y_then;
-    /* ABI 0.6: fields above. Logit softcapping as the product's last step (ABI 1.1, appended; sent only to a
-     * backend reporting BERTH_CAP_MATMUL_SOFTCAP): when struct_size covers y_softcap and y_softcap > 0, every
-     * element of y is y_softcap * tanh(z * r) with r = (float)(1.0 / (double)y_softcap) — exactly the unary op
-     * TANH with in_scale r and out_scale y_softcap on the product z (+ bias, after any prologue), so one op does
-     * what a final-logit softcap took two for. y_softcap must be finite and >= 0; with y_softcap > 0, y_glu must
-     * be NONE, accumulate 0, and y_norm and y_then NULL, and the op may not be another's y_then. Default (older
-     * caller or 0): no softcap. */
-    float y_softcap;
-    /* ABI 1.1: fields above. Append below only. */
+    /* ABI 0.6: fields above. Append below only. */
 } berth_matmul_params;
 #define BERTH_GLU_NONE 0
 #define BERTH_GLU_HALVES 1

@@ -65,7 +65,7 @@ extern "C" {
 #endif
 
 #define BERTH_ABI_MAJOR 1
-#define BERTH_ABI_MINOR 1
+#define BERTH_ABI_MINOR 0
 /* Oldest minor the host accepts within this major: 0, so any 1.x minor loads (struct_size bridges them). 0.x set it
  * to its oldest compatible minor, since an older 0.x plugin would have been misread; the loader's check is generic
  * and simply never fires at 0. */

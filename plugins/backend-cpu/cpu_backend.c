@@ -109,7 +109,7 @@ static berth_status cpu_device_info(const berth_host *host, int32_t idx, berth_d
     snprintf(d.name, sizeof d.name, "%s CPU (%d threads, %s)", arch, threads, mmk->isa);
     d.total_memory = (uint64_t)sysconf(_SC_PHYS_PAGES) * page;
     d.free_memory = (uint64_t)sysconf(_SC_AVPHYS_PAGES) * page;
-    d.caps = BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE | BERTH_CAP_MATMUL_SOFTCAP;
+    d.caps = BERTH_CAP_WRAP_HOST | BERTH_CAP_HOST_VISIBLE;
     d.weight_dtypes = CPU_WEIGHT_DTYPES;
     d.act_dtypes = CPU_ACT_DTYPES;
     d.kv_dtypes = CPU_KV_DTYPES;

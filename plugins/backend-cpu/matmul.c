@@ -257,17 +257,5 @@ out:
     /* the second product of a pair (y_then) is the matmul op on the finished y (checked with this one above) */
     if (st == BERTH_OK && opck_matmul_y_then(p))
         st = cpu_op_matmul(be, s, opck_matmul_y_then(p));
-    /* the logit softcap (y_softcap, 1.1) is the unary op on the finished y, as the ABI defines it: bit for bit the
-     * two-op sequence */
-    if (st == BERTH_OK && opck_matmul_softcap(p) > 0.0f) {
-        berth_unary_params u;
-        memset(&u, 0, sizeof u);
-        u.struct_size = sizeof u;
-        u.act = BERTH_ACT_TANH;
-        u.in_scale = (float)(1.0 / (double)p->y_softcap);
-        u.out_scale = p->y_softcap;
-        u.x = u.y = p->y;
-        st = cpu_op_unary(be, s, &u);
-    }
     return st;
 }

@@ -242,13 +242,6 @@ static berth_status cuda_device_info(const berth_host *host, int32_t idx, berth_
      * hundreds of MiB each, so report the total here and let init log the real figure. */
     info.free_memory = prop.totalGlobalMem;
     info.caps = BERTH_CAP_ASYNC | BERTH_CAP_GRAPHS;
-    /* matmul's y_softcap (1.1); BERTH_CUDA_MATMUL_SOFTCAP=0 leaves the bit out, so that a model softcaps through the
-     * unary op (an A/B switch; read here, where the devices are listed) */
-    {
-        const char *v = getenv("BERTH_CUDA_MATMUL_SOFTCAP");
-        if (!v || strcmp(v, "0") != 0)
-            info.caps |= BERTH_CAP_MATMUL_SOFTCAP;
-    }
     info.weight_dtypes = CU_WEIGHT_DTYPES;
     info.act_dtypes = CU_ACT_DTYPES;
     info.kv_dtypes = CU_KV_DTYPES;

@@ -1074,24 +1074,6 @@ static berth_status mm_blas(berth_backend *be, berth_stream *s, const berth_matm
     return BERTH_OK;
 }
 
-/* The logit softcap (y_softcap, ABI 1.1) where the product's kernel did not apply it (GEMV, cuBLAS): the unary
- * op on the finished y, as the ABI defines it. y changed after the product: no shadow of the raw product stands. */
-static berth_status mm_softcap(berth_backend *be, berth_stream *s, const berth_matmul_params *p)
-{
-    if (!(opck_matmul_softcap(p) > 0.0f))
-        return BERTH_OK;
-    berth_unary_params u;
-    memset(&u, 0, sizeof u);
-    u.struct_size = sizeof u;
-    u.act = BERTH_ACT_TANH;
-    u.in_scale = (float)(1.0 / (double)p->y_softcap);
-    u.out_scale = p->y_softcap;
-    u.x = u.y = p->y;
-    if (s)
-        s->xsh.seq = 0;
-    return cu_op_unary(be, s, &u);
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // Op.
 
@@ -1125,21 +1107,16 @@ berth_status cu_matmul_run(berth_backend *be, berth_stream *s, const berth_matmu
         return pre ? cu_op_rms_norm(be, s, pre) : BERTH_OK;
     /* matmul_skinny.cu first: batched decode in bf16 mode (be->skinny_min_m <= M <= 64, its layout rules); when it
      * declines, the GEMV up to M = 8, cuBLAS above */
-    berth_status st;
-    if (xp) { /* cu_xpre_plan planned gemv.cu's batch-1 kernel: mm_gemv serves the plan or fails */
-        st = mm_gemv(be, s, p, M, N, K, yn_done, xp);
-    } else {
-        bool ran = false;
-        st = cu_matmul_skinny(be, s, p, M, N, K, &ran, pre);
-        if (st != BERTH_OK || ran) /* the skinny kernels apply y_softcap in their epilogue */
+    if (xp) /* cu_xpre_plan planned gemv.cu's batch-1 kernel: mm_gemv serves the plan or fails */
+        return mm_gemv(be, s, p, M, N, K, yn_done, xp);
+    bool ran = false;
+    berth_status st = cu_matmul_skinny(be, s, p, M, N, K, &ran, pre);
+    if (st != BERTH_OK || ran)
+        return st;
+    if (M <= MM_GEMV_MAX_M) {
+        if (pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
             return st;
-        if (M <= MM_GEMV_MAX_M) {
-            if (pre && (st = cu_op_rms_norm(be, s, pre)) != BERTH_OK)
-                return st;
-            st = mm_gemv(be, s, p, M, N, K, yn_done, xp);
-        } else {
-            st = mm_blas(be, s, p, M, N, K, pre);
-        }
+        return mm_gemv(be, s, p, M, N, K, yn_done, xp);
     }
-    return st == BERTH_OK ? mm_softcap(be, s, p) : st;
+    return mm_blas(be, s, p, M, N, K, pre);
 }

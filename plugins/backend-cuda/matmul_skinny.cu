@@ -153,8 +153,6 @@ struct sk_args {
     int32_t ysh_dt;
     int32_t push_end;         /* the push instances: a relaxed cluster barrier before exit (BERTH_CUDA_SKINNY_PUSH=2;
                                * in padding before tmw: the other fields' offsets are unchanged) */
-    float softcap, softcap_in; /* matmul's y_softcap (ABI 1.1): each output v is stored as softcap * tanh(softcap_in
-                                * * v), the unary op's math; 0: none (also in that padding) */
 #ifdef BERTH_SK_STAMPS
     unsigned long long *prof; /* BERTH_CUDA_ATT_PROF=1 in a -Dskinny_stamps=true build: SK_STAMPS per block */
 #endif
@@ -393,8 +391,6 @@ static __device__ __forceinline__ void sk_store_output(const sk_args &a, float *
         else if (a.glu == BERTH_GLU_MUL)
             v = sk_act(a.act, z) * U[m][n];
     }
-    if (a.softcap != 0.0f) /* the logit softcap: the unary op's expression, tanh through the shared call */
-        v = a.softcap * sk_act(BERTH_ACT_TANH, a.softcap_in * v);
     float *yr = Y[m];
     if (a.accumulate)
         v += yr[n];
@@ -1448,10 +1444,6 @@ berth_status cu_matmul_skinny(berth_backend *be, berth_stream *s, const berth_ma
     a.glu = glu;
     a.act = glu != BERTH_GLU_NONE ? p->y_glu_act : BERTH_ACT_IDENTITY;
     a.accumulate = p->accumulate;
-    if (opck_matmul_softcap(p) > 0.0f) { /* y_softcap: applied in sk_store_output (cu_matmul_run relies on it) */
-        a.softcap = p->y_softcap;
-        a.softcap_in = (float)(1.0 / (double)p->y_softcap);
-    }
     a.early = p->w.buf->usage == BERTH_USAGE_WEIGHTS;
     a.u_prefetch = glu == BERTH_GLU_MUL && be->skinny_u_prefetch;
     a.end_relaxed = be->skinny_end_relaxed;

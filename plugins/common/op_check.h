@@ -93,11 +93,6 @@ static inline const berth_matmul_params *opck_matmul_y_then(const berth_matmul_p
 {
     return BERTH_HAS(p, berth_matmul_params, y_then) ? p->y_then : NULL;
 }
-/* The matmul's logit softcap (y_softcap, 1.1), 0 (none) when the caller's struct predates it. */
-static inline float opck_matmul_softcap(const berth_matmul_params *p)
-{
-    return BERTH_HAS(p, berth_matmul_params, y_softcap) ? p->y_softcap : 0.0f;
-}
 /* The two views are the same tensor: buffer, offset, dtype, ne and nb. */
 bool opck_same_view(const berth_tensor *a, const berth_tensor *b);
 /* Prefix the recorded failure message (a nested op's check: "matmul: x_pre: " + "rms_norm: ..."); returns false. */

@@ -85,17 +85,6 @@ static bool check_matmul_one(struct opck *c, const berth_matmul_params *p)
         return false;
     if (glu != BERTH_GLU_NONE && !check_matmul_glu(c, p, glu, N))
         return false;
-    const float cap = opck_matmul_softcap(p);
-    if (!(cap >= 0.0f) || !isfinite(cap))
-        return opck_fail(c, BERTH_E_INVALID, "matmul: y_softcap = %g must be finite and >= 0", (double)cap);
-    if (cap > 0.0f) { /* the product's last step: nothing may follow it or be folded after it */
-        if (glu != BERTH_GLU_NONE)
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_softcap needs y_glu NONE");
-        if (p->accumulate != 0)
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_softcap needs accumulate 0");
-        if (opck_matmul_y_norm(p) || opck_matmul_y_then(p))
-            return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_softcap cannot be combined with y_norm or y_then");
-    }
     const berth_rms_norm_params *yn = opck_matmul_y_norm(p);
     if (yn) {
         /* the trailing norm: an rms_norm of its own whose x is this product's y, without RoPE */
@@ -161,8 +150,6 @@ bool opck_matmul(struct opck *c, const berth_matmul_params *p)
         opck_matmul_y_then(q))
         return opck_fail(c, BERTH_E_UNSUPPORTED,
                          "matmul: y_then may have no x_pre, x_norm prologue, accumulate or y_then of its own");
-    if (opck_matmul_softcap(q) != 0.0f)
-        return opck_fail(c, BERTH_E_UNSUPPORTED, "matmul: y_then may have no y_softcap");
     if (!check_matmul_one(c, q))
         return opck_prefix(c, "matmul: y_then: ");
     if (!opck_same_view(&q->x, &p->y))

@@ -544,21 +544,9 @@ static berth_status head(struct g4_step *st)
     berth_tensor x = act(st, st->sc->x[st->cur], D, T, 1), z = act(st, st->sc->u, D, n, 1);
     if (n != T && (r = op_get_rows(st, &x, b->logit_rows, z, 1.0f, "logit rows")) != BERTH_OK)
         return r;
-    if ((r = op_rms(st, n != T ? z : x, &m->w.final_norm, NULL, z, "norm")) != BERTH_OK)
-        return r;
-    /* The softcap as the product's last step where the backend takes it (m->softcap_epi); recording lists both
-     * forms, as it does for the fused projections. */
-    if (c->softcap > 0.0 && (st->record || m->softcap_epi)) {
-        berth_matmul_params p;
-        matmul_params(st, z, &m->w.lm_head, b->logits, NULL, BERTH_GLU_NONE, NULL, &p);
-        p.y_softcap = (float)c->softcap;
-        r = run(st, BERTH_OP_MATMUL, &p,
-                c->tied ? "lm_head (tied to embed_tokens) + final_logit_softcapping" : "lm_head + final_logit_softcapping");
-        if (r != BERTH_OK || !st->record)
-            return r;
-    }
-    if ((r = op_matmul(st, z, &m->w.lm_head, b->logits, c->tied ? "lm_head (tied to embed_tokens)" : "lm_head")) !=
-        BERTH_OK)
+    if ((r = op_rms(st, n != T ? z : x, &m->w.final_norm, NULL, z, "norm")) != BERTH_OK ||
+        (r = op_matmul(st, z, &m->w.lm_head, b->logits, c->tied ? "lm_head (tied to embed_tokens)" : "lm_head")) !=
+            BERTH_OK)
         return r;
     if (c->softcap > 0.0)
         return op_unary(st, b->logits, BERTH_ACT_TANH, (float)(1.0 / c->softcap), (float)c->softcap,

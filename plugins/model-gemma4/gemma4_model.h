@@ -89,8 +89,6 @@ struct berth_model {
     int fused;               /* forward() uses lw->qkv / lw->gate_up where present */
     int q_in_kv;             /* q-norm + RoPE of layers that store K/V go inside their kv_append (ABI 0.5), else
                               * as an rms_norm ([model.gemma4] q_norm_in_kv_append, default true; set by load) */
-    int softcap_epi;         /* final_logit_softcapping as the LM head's y_softcap (ABI 1.1), else the unary op after
-                              * it ([model.gemma4] softcap_in_lm_head and the backend's caps; set by load) */
     int max_tokens;
     int loaded; /* load() finished: forward() may run */
 

@@ -405,22 +405,6 @@ static berth_status q_in_kv_setting(const berth_model *m, int *on)
     return BERTH_OK;
 }
 
-/* [model.gemma4] softcap_in_lm_head = auto | false (default auto): auto sends final_logit_softcapping as the LM
- * head's y_softcap (ABI 1.1: one pass over the logits fewer) where the backend reports BERTH_CAP_MATMUL_SOFTCAP,
- * else as the unary op after it; false always sends the unary op (A/B runs; tests run both forms on one backend). */
-static berth_status softcap_setting(const berth_model *m, const berth_backend_api *be, int *on)
-{
-    const berth_host *h = m->host;
-    const char *v = setting(h, "softcap_in_lm_head");
-    if (!v || !*v || strcmp(v, "auto") == 0)
-        *on = be->device && (be->device->caps & BERTH_CAP_MATMUL_SOFTCAP) != 0;
-    else if (strcmp(v, "false") == 0)
-        *on = 0;
-    else
-        return g4_fail(h, BERTH_E_INVALID, "[model.gemma4] softcap_in_lm_head = '%.60s' must be auto or false", v);
-    return BERTH_OK;
-}
-
 berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const berth_checkpoint *ck,
                              berth_stream *s)
 {
@@ -431,7 +415,7 @@ berth_status g4_weights_bind(berth_model *m, const berth_backend_api *be, const 
     if (!dir)
         dir = "checkpoint";
 
-    if ((st = q_in_kv_setting(m, &m->q_in_kv)) != BERTH_OK || (st = softcap_setting(m, be, &m->softcap_epi)) != BERTH_OK)
+    if ((st = q_in_kv_setting(m, &m->q_in_kv)) != BERTH_OK)
         return st;
     /* All metadata checks first, so a bad file fails before anything is uploaded. */
     for (int i = 0; i < m->n_plan; i++)
