@@ -56,9 +56,9 @@
  * norm, x rounded by matmul.cu's pack (cu_matmul_pack_x) — at 32 rows cheaper than cuBLAS mostly because the
  * kernels around it keep their PDL overlap;
  * BERTH_CUDA_SKINNY_STRICT 1 makes a call in the kernel's range that its plan declines an error (tests);
- * BERTH_CUDA_SKINNY_PUSH 1 (default; 0 pulls as before) runs the split 64-row-tile XH products at 9-32 rows on the push twins
- * (the cluster reduction by st.async into the owner's shared memory: sk_kernel's PUSH), 2 the same with a relaxed
- * cluster barrier before exit.
+ * BERTH_CUDA_SKINNY_PUSH 1 (default; 0 pulls as before) runs the split 64-row-tile XH products at 9-32 rows on
+ * the push twins (the cluster reduction by st.async into the owner's shared memory: sk_kernel's PUSH), 2 the same
+ * with a relaxed cluster barrier before exit.
  */
 #include "cuda_cluster.cuh"
 #include "cuda_internal.h"
