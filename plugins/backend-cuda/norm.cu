@@ -334,11 +334,40 @@ static __device__ __forceinline__ char *nm_lean_row(const cu_rows &r, int64_t i)
     return r.base + i * r.nb1;
 }
 
-template <bool Y2, bool PK>
+/* cu_block_sum for four sums at once: each component through the same shuffle tree and the same second level, so
+ * component x is bit for bit what cu_block_sum returns for it alone. */
+static __device__ __forceinline__ float4 nm_block_sum4(float4 v, float4 *scratch)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v.x = cu_warp_sum(v.x);
+    v.y = cu_warp_sum(v.y);
+    v.z = cu_warp_sum(v.z);
+    v.w = cu_warp_sum(v.w);
+    __syncthreads(); /* scratch may still be read by a previous call */
+    if (lane == 0)
+        scratch[warp] = v;
+    __syncthreads();
+    v = lane < nw ? scratch[lane] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    v.x = cu_warp_sum(v.x);
+    v.y = cu_warp_sum(v.y);
+    v.z = cu_warp_sum(v.z);
+    v.w = cu_warp_sum(v.w);
+    return v;
+}
+
+/* ONE (be->norm_y2_onepass, with Y2 only): the second output's sum of squares without a second reduction. With
+ * u = w * v (the weighted raw row; o = s (r + inv u), s = out_scale), sum o^2 = s^2 (sum r^2 + 2 inv sum r u +
+ * inv^2 sum u^2): the three sums ride in the first reduction beside sum v^2 (nm_block_sum4: inv is bit for bit the
+ * two-pass one). Only inv2 rounds differently (a few ulp; the expansion cancels only where h = r + inv u is small
+ * against r and inv u, which Gemma's residual stream is not). The weight in u is the instance's wv (1 + w for
+ * W_ONE_PLUS), as nm_scale4 applies it. */
+template <bool Y2, bool PK, bool ONE = false>
 __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
 {
+    static_assert(!ONE || Y2, "the one-pass sums serve the second output");
     constexpr int V = 2;
     __shared__ float scratch[32];
+    [[maybe_unused]] __shared__ float4 scratch4[ONE ? 32 : 1];
     cu_pdl_trigger();
     const int nv = (int)(a.n >> 2), lane = (int)threadIdx.x, width = (int)blockDim.x;
     const bool one_plus = a.wmode == BERTH_NORM_W_ONE_PLUS;
@@ -409,7 +438,23 @@ __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
             ss = fmaf(v[j].z, v[j].z, ss);
             ss = fmaf(v[j].w, v[j].w, ss);
         }
-        ss = cu_block_sum(ss, scratch);
+        [[maybe_unused]] float4 s4;
+        if constexpr (ONE) { /* sum r^2, sum r u, sum u^2 beside sum v^2 (zeros past nv: v, r and so u are 0) */
+            float sr = 0.0f, sru = 0.0f, suu = 0.0f;
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                const float4 u = make_float4(wv[j].x * v[j].x, wv[j].y * v[j].y, wv[j].z * v[j].z, wv[j].w * v[j].w);
+                suu = nm_sumsq4(u, suu);
+                if (resid) {
+                    sr = nm_sumsq4(r[j], sr);
+                    sru = fmaf(r[j].x, u.x, fmaf(r[j].y, u.y, fmaf(r[j].z, u.z, fmaf(r[j].w, u.w, sru))));
+                }
+            }
+            s4 = nm_block_sum4(make_float4(ss, sr, sru, suu), scratch4);
+            ss = s4.x;
+        } else {
+            ss = cu_block_sum(ss, scratch);
+        }
         const float inv = 1.0f / sqrtf(ss / (float)a.n + a.eps);
         float ss2 = 0.0f;
 #pragma unroll
@@ -421,14 +466,20 @@ __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
             o = nm_scale4(v[j], inv, wv[j]);
             nm_resid_scale4(o, resid, r[j], a.oscale);
             y[q] = o;
-            if constexpr (Y2)
+            if constexpr (Y2 && !ONE)
                 ss2 = nm_sumsq4(o, ss2);
-            else if constexpr (PK)
+            else if constexpr (PK && !Y2)
                 nm_st_packed(a, row, q, o);
         }
         if constexpr (Y2) {
             float4 *y2 = (float4 *)nm_lean_row(a.y2, row);
-            ss2 = cu_block_sum(ss2, scratch);
+            if constexpr (ONE) {
+                const float sc = a.oscale != 1.0f ? a.oscale * a.oscale : 1.0f;
+                ss2 = sc * fmaf(inv * inv, s4.w, fmaf(2.0f * inv, s4.z, s4.y));
+                ss2 = ss2 > 0.0f ? ss2 : 0.0f; /* rounding below zero where the row is ~0 */
+            } else {
+                ss2 = cu_block_sum(ss2, scratch);
+            }
             const float inv2 = 1.0f / sqrtf(ss2 / (float)a.n + a.eps);
 #pragma unroll
             for (int j = 0; j < V; j++) {
@@ -707,7 +758,9 @@ static bool nm_rms_vec_run(berth_backend *be, cudaStream_t cs, const berth_rms_n
                                                                     (uintptr_t)a.w2 % 8 == 0))))) {
         const int64_t threads = nm_vec_block_threads(a.n / 4); /* the fast kernel's block: 2 float4 per thread */
         const dim3 grid((unsigned)(a.rows > (1 << 20) ? (1 << 20) : a.rows)), block((unsigned)threads);
-        if (a.has_y2)
+        if (a.has_y2 && be->norm_y2_onepass)
+            *e = cu_launch(be, cs, grid, block, 0, nm_rms_lean_kernel<true, PK, true>, a);
+        else if (a.has_y2)
             *e = cu_launch(be, cs, grid, block, 0, nm_rms_lean_kernel<true, PK>, a);
         else
             *e = cu_launch(be, cs, grid, block, 0, nm_rms_lean_kernel<false, PK>, a);
