@@ -474,8 +474,7 @@ __global__ void __launch_bounds__(1024) nm_rms_lean_kernel(const nm_rms_args a)
         if constexpr (Y2) {
             float4 *y2 = (float4 *)nm_lean_row(a.y2, row);
             if constexpr (ONE) {
-                const float sc = a.oscale != 1.0f ? a.oscale * a.oscale : 1.0f;
-                ss2 = sc * fmaf(inv * inv, s4.w, fmaf(2.0f * inv, s4.z, s4.y));
+                ss2 = a.oscale * a.oscale * fmaf(inv * inv, s4.w, fmaf(2.0f * inv, s4.z, s4.y));
                 ss2 = ss2 < 0.0f ? 0.0f : ss2; /* rounding below zero where the row is ~0; NaN passes, as in
                                                 * the two-pass sum */
             } else {
