@@ -381,7 +381,7 @@ static berth_status cuda_init(const berth_host *host, int32_t idx, berth_backend
     static const env_name prof[] = {{"0", CU_ATT_PROF_OFF}, {"1", CU_ATT_PROF_EAGER}, {"graph", CU_ATT_PROF_GRAPH}};
     be->att_prof = env_choice(host, "BERTH_CUDA_ATT_PROF", ENV_NAMES(prof), CU_ATT_PROF_OFF, "0, 1 or graph");
     be->norm_lean = env_flag(host, "BERTH_CUDA_NORM_LEAN", 1);
-    be->norm_y2_onepass = env_flag(host, "BERTH_CUDA_NORM_Y2_ONEPASS", 0);
+    be->norm_y2_onepass = env_flag(host, "BERTH_CUDA_NORM_Y2_ONEPASS", 1);
     be->kv_lean = env_flag(host, "BERTH_CUDA_KV_LEAN", 1);
     be->gemv_gelu = env_flag(host, "BERTH_CUDA_GEMV_GELU", 1);
     static const env_name merge[] = {{"kernel", 1}, {"last", 0}};

@@ -175,7 +175,7 @@ struct berth_backend {
     int norm_y2_onepass;        /* rms_norm, the lean kernel with a second output: the second norm's sum of squares
                                  * from the first reduction (sum r^2, sum r*wv, sum wv^2 beside sum v^2), so one block
                                  * reduction instead of two in series; the second output's rstd rounds differently
-                                 * (env BERTH_CUDA_NORM_Y2_ONEPASS=0|1, read at init; default 0: an A/B switch) */
+                                 * (env BERTH_CUDA_NORM_Y2_ONEPASS=1|0, read at init; default 1: +0.2%) */
     int att_prof;               /* CU_ATT_PROF_*: the decode attention kernels (and the skinny products in a build
                                  * with -Dskinny_stamps=true; the cluster kernel only with -Dattention_stamps=true)
                                  * log their blocks' phase times per eager call (env BERTH_CUDA_ATT_PROF=1) or, with
